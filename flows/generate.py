@@ -1,0 +1,138 @@
+"""The `generate` flow: the seeds' manual loop as one restartable Prefect flow.
+
+plan shards → launch servers → wait healthy → measure capacity → generate shards → stop →
+upload. The output folder's manifest is the ledger, so rerunning the flow (or retrying a
+crashed run) resumes where it stopped. The fleet is stopped on every exit path: `finally`
+for errors, hooks for cancellation and crashes, PDEATHSIG if this process dies.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.cache_policies import NO_CACHE
+
+from flows.settings import JobSettings, load_settings
+from infra.ledger import ManifestEntry
+from tasks.capacity import Capacity, measure_capacity
+from tasks.health import wait_healthy
+from tasks.servers import ServerHandle, launch_servers, registry_for, stop_fleet, stop_servers
+from tasks.shards import JobState, generate_shards, plan_shards
+from tasks.upload import upload
+
+
+def job_settings(prompts: str | None = None, output: str | None = None,
+                 engine: str | None = None, gpus: list[int] | None = None,
+                 model: str | None = None, config_file: str | None = None,
+                 overrides: dict[str, Any] | None = None) -> JobSettings:
+    """Flow parameters → settings (explicit parameters win over file and environment)."""
+    return load_settings(config_file, prompts=prompts, output=output, engine=engine, gpus=gpus,
+                         model=model, **(overrides or {}))
+
+
+def _stop_fleet_hook(flow_: Any, flow_run: Any, state: Any) -> None:
+    """Cancellation/crash hook (runs in the worker or runner): stop servers of this job."""
+    params = dict(getattr(flow_run, "parameters", {}) or {})
+    try:
+        settings = job_settings(**params)
+    except Exception:  # noqa: BLE001 - a hook must never raise; nothing to stop without output
+        return
+    stop_fleet([], registry_for(Path(settings.output)), settings.stop_grace_s)
+
+
+def summarize(settings: JobSettings, state: JobState, capacities: list[Capacity],
+              output_tokens: int, completed: int, errors: int, seconds: float) -> dict[str, Any]:
+    wall_tok_s = output_tokens / seconds if seconds > 0 else 0.0
+    scale = settings.sim.time_scale if settings.engine == "sim" else 1.0
+    return {
+        "output": str(Path(settings.output).resolve()),
+        "prompts_total": state.plan.input_rows,
+        "prompts_done_this_run": completed,
+        "errors_this_run": errors,
+        "already_committed": state.committed_rows,
+        "output_tokens": output_tokens,
+        "seconds": round(seconds, 2),
+        "tok_s": round(wall_tok_s, 1),
+        "tok_s_modeled_gpu_time": round(wall_tok_s / scale, 1),
+        "servers": [{"url": c.url, "max_running_requests": c.max_running_requests,
+                     "max_total_num_tokens": c.max_total_num_tokens,
+                     "max_mamba_cache_size": c.max_mamba_cache_size} for c in capacities],
+    }
+
+
+@flow(name="generate", on_cancellation=[_stop_fleet_hook], on_crashed=[_stop_fleet_hook],
+      log_prints=False)
+def generate(prompts: str | None = None, output: str | None = None, engine: str | None = None,
+             gpus: list[int] | None = None, model: str | None = None,
+             config_file: str | None = None,
+             overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Generate a completion for every prompt on a fleet of SGLang (or simulated) servers."""
+    logger = get_run_logger()
+    settings = job_settings(prompts, output, engine, gpus, model, config_file, overrides)
+    out = str(Path(settings.output).resolve())
+    state = plan_shards.with_options(cache_policy=NO_CACHE)(
+        str(settings.prompts), out, settings.shard_size)
+    logger.info("plan %s: %d prompts in %d shards, %d pending", state.plan.fingerprint,
+                state.plan.input_rows, state.plan.num_shards, len(state.pending))
+    capacities: list[Capacity] = []
+    stats_tokens = stats_done = stats_errors = 0
+    started = time.monotonic()
+    if state.pending:
+        handles: list[ServerHandle] = []
+        try:
+            handles = launch_servers.with_options(cache_policy=NO_CACHE)(settings, out)
+            took = wait_healthy.with_options(cache_policy=NO_CACHE)(
+                handles, settings.api_key, settings.startup_timeout_s)
+            logger.info("%d servers healthy after %.1f s", len(handles), took)
+            capacities = measure_capacity.with_options(cache_policy=NO_CACHE)(
+                handles, settings.api_key)
+            for cap in capacities:
+                logger.info("%s: max_running_requests=%d max_total_num_tokens=%d "
+                            "max_mamba_cache_size=%s", cap.url, cap.max_running_requests,
+                            cap.max_total_num_tokens, cap.max_mamba_cache_size)
+            progress = _progress_reporter(state, logger)
+            stats = generate_shards.with_options(cache_policy=NO_CACHE)(
+                settings, state, capacities, progress)
+            stats_tokens, stats_done, stats_errors = (stats.output_tokens, stats.completed,
+                                                      stats.errors)
+        finally:
+            if handles:
+                report = stop_servers.with_options(cache_policy=NO_CACHE)(
+                    handles, out, settings.stop_grace_s)
+                logger.info("stopped %d servers (SIGKILLed: %s, ports still busy: %s)",
+                            report.stopped, report.killed or "none", report.ports_busy or "none")
+    if settings.upload_to:
+        rep = upload.with_options(cache_policy=NO_CACHE)(out, settings.upload_to)
+        logger.info("upload to %s: %d new, %d already there", rep.destination, rep.uploaded,
+                    rep.skipped)
+    summary = summarize(settings, state, capacities, stats_tokens, stats_done, stats_errors,
+                        time.monotonic() - started)
+    logger.info("done: %s", summary)
+    return summary
+
+
+def _progress_reporter(state: JobState, logger: Any) -> Any:
+    total = state.plan.num_shards
+    done = total - len(state.pending)
+    artifact_id = create_progress_artifact(progress=100.0 * done / total,
+                                           description="committed shards / planned shards")
+    counter = {"done": done, "tokens": 0, "t0": time.monotonic()}
+
+    def on_commit(entry: ManifestEntry) -> None:
+        counter["done"] += 1
+        counter["tokens"] += entry.output_tokens
+        elapsed = time.monotonic() - counter["t0"]
+        tok_s = counter["tokens"] / elapsed if elapsed > 0 else 0.0
+        update_progress_artifact(artifact_id, progress=100.0 * counter["done"] / total)
+        logger.info("shard %d committed (%d rows, %d errors) — %d/%d shards, %.0f tok/s",
+                    entry.shard, entry.rows, entry.errors, counter["done"], total, tok_s)
+
+    return on_commit
+
+
+if __name__ == "__main__":
+    print(generate())

@@ -1,0 +1,188 @@
+"""Job settings: defaults < TOML file < `.env` < EXPANSION_* env vars < explicit overrides.
+
+Nested groups use `__` in env vars: `EXPANSION_SERVER__MEM_FRACTION_STATIC=0.9`.
+An invalid value fails fast with the field's dotted name and what is allowed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import SettingsError as PydanticSettingsError
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from infra.sglang.flags import ServerFlags
+
+SAMPLE_PROMPTS = Path(__file__).parent / "data" / "sample_prompts.jsonl"
+
+
+class SettingsError(ValueError):
+    """A setting is invalid; the message names the field and the fix."""
+
+
+class SamplingSettings(BaseModel):
+    """Job-wide sampling defaults; per-row values in the input override them."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_new_tokens: int = Field(256, ge=1, le=1_000_000)
+    temperature: float = Field(0.7, ge=0, le=10)
+    top_p: float = Field(0.95, gt=0, le=1)
+    seed: int | None = Field(0, description="sampling seed sent with each request")
+
+
+class ClientSettings(BaseModel):
+    """How the dispatcher talks to the fleet."""
+
+    model_config = ConfigDict(extra="forbid")
+    concurrency_per_server: int | None = Field(
+        None, ge=1, le=4096,
+        description="in-flight requests per server; default: its max_running_requests + queue")
+    queue_target: int = Field(4, ge=0, le=1024,
+                              description="requests kept queued beyond a server's cap")
+    request_timeout_s: float = Field(600.0, gt=0)
+    max_attempts: int = Field(5, ge=1, le=100, description="tries per prompt on transient errors")
+    backoff_s: float = Field(0.5, gt=0, description="first retry delay (doubles, with jitter)")
+
+
+class SimSettings(BaseModel):
+    """The simulated fleet (engine=sim)."""
+
+    model_config = ConfigDict(extra="forbid")
+    gpu: str = Field("rtx-pro-6000", description="GPU profile the simulator models")
+    time_scale: float = Field(20.0, gt=0, le=100_000,
+                              description="modeled GPU seconds per wall second")
+    startup_s: float = Field(1.0, ge=0, le=3600, description="wall seconds to become healthy")
+    sglang_version: str = Field("0.5.23", description="SGLang release the simulator imitates")
+    faults: dict[str, Any] = Field(default_factory=dict,
+                                   description="fault injection, see infra/sim/config.py")
+
+
+class JobSettings(BaseSettings):
+    """Everything a `generate` run needs. See docs/SETTINGS.md for every field."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="EXPANSION_", env_nested_delimiter="__", env_file=".env",
+        env_file_encoding="utf-8", extra="forbid", validate_default=True,
+    )
+
+    prompts: Path = Field(SAMPLE_PROMPTS, description="input: JSONL or Parquet with id + prompt")
+    output: str = Field("expansion-output", description="output folder (local path)")
+    upload_to: str | None = Field(None, description="copy committed shards here (a folder)")
+    engine: Literal["sim", "sglang"] = "sim"
+    gpus: Annotated[list[int], NoDecode] = Field(default_factory=lambda: [0, 1], min_length=1,
+                            description="GPU indices, one server per GPU")
+    model: str = Field("Qwen/Qwen3.6-27B", description="model path or HF id")
+    gpu_type: str = Field("rtx-pro-6000", description="GPU profile for planning (sim: modeled)")
+    host: str = Field("127.0.0.1", description="address servers bind to")
+    base_port: int = Field(30000, ge=1024, le=65000, description="server i listens on base+i")
+    api_key: SecretStr | None = Field(None, description="passed to SGLang and every client call")
+    sglang_version: str | None = Field(None, description="default: detected from the install")
+    python: str | None = Field(None, description="python that runs SGLang (default: this one)")
+    server: ServerFlags = Field(default_factory=ServerFlags)
+    client: ClientSettings = Field(default_factory=ClientSettings)
+    sampling: SamplingSettings = Field(default_factory=SamplingSettings)
+    sim: SimSettings = Field(default_factory=SimSettings)
+    shard_size: int = Field(100, ge=1, le=10_000_000, description="prompts per output shard")
+    startup_timeout_s: float = Field(900.0, gt=0, description="deadline for servers to be healthy")
+    stop_grace_s: float = Field(30.0, ge=0, description="SIGTERM → SIGKILL grace period")
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _split_gpus(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [int(v) for v in value.replace(" ", "").split(",") if v]
+        if isinstance(value, int):
+            return [value]
+        return value
+
+    @field_validator("gpus")
+    @classmethod
+    def _unique_gpus(cls, value: list[int]) -> list[int]:
+        if len(set(value)) != len(value) or any(v < 0 for v in value):
+            raise ValueError("GPU indices must be distinct and ≥ 0, e.g. 0,1,2")
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings, dotenv_settings]
+        if settings_cls.model_config.get("toml_file"):
+            sources.append(TomlConfigSettingsSource(settings_cls))
+        return tuple(sources)
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "settings"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown setting; see `expansion settings` for the valid names"
+        parts.append(f"{loc}: {msg} (got {err.get('input')!r})")
+    return "invalid settings: " + "; ".join(parts)
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> JobSettings:
+    """Build settings from all sources; raise SettingsError naming the field on bad input."""
+    toml_path: Path | None = None
+    if config_file is not None:
+        toml_path = Path(config_file)
+        if not toml_path.is_file():
+            raise SettingsError(f"config: {toml_path} does not exist; pass a TOML file path")
+    cls = type("JobSettingsFromFile", (JobSettings,), {
+        "model_config": SettingsConfigDict(**{**JobSettings.model_config,
+                                              "toml_file": toml_path})})
+    try:
+        import tomllib
+
+        if toml_path is not None:
+            tomllib.loads(toml_path.read_text())
+        return cls(**_nest(overrides))
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"config: {toml_path} is not valid TOML: {exc}") from exc
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc)) from None
+    except PydanticSettingsError as exc:  # a malformed env var or .env value
+        raise SettingsError(f"invalid settings: {exc}; check the EXPANSION_* variables") from None
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """{'server.mem_fraction_static': 0.9} → {'server': {'mem_fraction_static': 0.9}}."""
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        if value is None:
+            continue
+        node = nested
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return nested
+
+
+def settings_fields() -> list[tuple[str, str, str]]:
+    """(dotted name, default, description) of every setting, for `expansion settings`."""
+    rows: list[tuple[str, str, str]] = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, info in model.model_fields.items():
+            ann = info.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(ann, f"{prefix}{name}.")
+                continue
+            default = info.get_default(call_default_factory=True)
+            rows.append((prefix + name, repr(default), info.description or ""))
+
+    walk(JobSettings, "")
+    return rows

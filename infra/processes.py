@@ -1,0 +1,165 @@
+"""Start and stop server processes so none is ever orphaned, and none we did not start is touched.
+
+Four layers keep GPUs from leaking: the child gets PR_SET_PDEATHSIG (dies with its parent),
+stays in our process group (a Prefect worker's killpg reaches it), is recorded in a registry
+file with its start time (a rerun can find and stop it), and is stopped explicitly on every
+exit path of the flow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """Enough to find a process again after our own process died, and to be sure it is ours."""
+
+    pid: int
+    start_ticks: int  # /proc/<pid>/stat field 22: distinguishes a reused pid
+    port: int
+    host: str
+    log_path: str
+    argv: list[str]
+
+
+def start_ticks(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path, port: int,
+          host: str) -> tuple[subprocess.Popen[bytes], ProcessRecord]:
+    """Start a server with its stdout/stderr in `log_path` (argv list, no shell)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, **env}, preexec_fn=_die_with_parent, close_fds=True,
+        )
+    ticks = start_ticks(proc.pid) or 0
+    return proc, ProcessRecord(proc.pid, ticks, port, host, str(log_path), list(argv))
+
+
+def is_ours_and_alive(record: ProcessRecord) -> bool:
+    """True only if the pid is alive *and* is the very process we started."""
+    return start_ticks(record.pid) == record.start_ticks
+
+
+def is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); reap it if it is ours.
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    state = _proc_state(pid)
+    return state not in (None, "Z", "X")
+
+
+def _proc_state(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def terminate(records: Sequence[ProcessRecord], grace_s: float) -> list[int]:
+    """SIGTERM every live process of ours, SIGKILL those still alive after the grace period.
+
+    Returns the pids that had to be killed. Processes that are not ours are never signalled.
+    """
+    live = [r for r in records if is_ours_and_alive(r)]
+    for rec in live:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rec.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(is_alive(r.pid) for r in live):
+        time.sleep(0.05)
+    killed = []
+    for rec in live:
+        if is_alive(rec.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rec.pid, signal.SIGKILL)
+            killed.append(rec.pid)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(is_alive(r.pid) for r in live):
+        time.sleep(0.05)
+    return killed
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def wait_ports_free(host: str, ports: Sequence[int], timeout_s: float = 10.0) -> list[int]:
+    """Ports still busy after the timeout (empty when all are free)."""
+    deadline = time.monotonic() + timeout_s
+    busy = [p for p in ports if not port_is_free(host, p)]
+    while busy and time.monotonic() < deadline:
+        time.sleep(0.1)
+        busy = [p for p in busy if not port_is_free(host, p)]
+    return busy
+
+
+class ProcessRegistry:
+    """A JSON file listing the servers a job started (written atomically)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> list[ProcessRecord]:
+        if not self.path.is_file():
+            return []
+        try:
+            rows = json.loads(self.path.read_text())
+            return [ProcessRecord(**row) for row in rows]
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise ValueError(
+                f"{self.path}: unreadable server registry ({exc}); stop any servers of this "
+                "job by hand, then delete the file") from exc
+
+    def save(self, records: Sequence[ProcessRecord]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps([asdict(r) for r in records], indent=1))
+        os.replace(tmp, self.path)
+
+    def add(self, record: ProcessRecord) -> None:
+        self.save([*self.load(), record])
+
+    def clear(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()

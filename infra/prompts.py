@@ -1,0 +1,143 @@
+"""Read and validate the prompt input, streamed with polars (never the whole text in memory).
+
+Accepted: JSONL or Parquet with an `id` column and `prompt` (text) or `messages` (chat), or
+OpenAI batch JSONL (`custom_id` + `body`). Optional per-row sampling columns override the job
+defaults. Problems are reported before any GPU time is spent, naming the row or column.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+SAMPLING_COLUMNS = ("max_new_tokens", "temperature", "top_p", "seed")
+
+
+class InputError(ValueError):
+    """The input file cannot be used; the message names the file, row or column, and the fix."""
+
+
+@dataclass(frozen=True)
+class InputSummary:
+    path: str
+    format: str  # jsonl | parquet | openai_batch
+    rows: int
+    kind: str  # prompt | messages
+    ids_sha256: str  # fingerprint of the id sequence: a resume against other input fails
+
+
+def _scan(path: Path) -> pl.LazyFrame:
+    if not path.is_file():
+        raise InputError(f"prompts: {path} does not exist; pass --prompts PATH")
+    try:
+        if path.suffix == ".parquet":
+            return pl.scan_parquet(path)
+        if path.suffix in (".jsonl", ".ndjson", ".json"):
+            return pl.scan_ndjson(path, infer_schema_length=1000)
+    except pl.exceptions.PolarsError as exc:
+        raise InputError(f"prompts: cannot read {path}: {exc}") from exc
+    raise InputError(f"prompts: {path} must end in .jsonl or .parquet")
+
+
+def _normalize(lf: pl.LazyFrame, path: Path) -> tuple[pl.LazyFrame, str, str]:
+    """Map the accepted formats onto columns id + prompt|messages + sampling columns."""
+    try:
+        cols = lf.collect_schema().names()
+    except pl.exceptions.PolarsError as exc:
+        raise InputError(f"prompts: {path} is not valid JSONL/Parquet: {_first_line(exc)}") from exc
+    if "custom_id" in cols and "body" in cols:
+        body = pl.col("body")
+        schema = lf.collect_schema()["body"]
+        fields = {f.name for f in getattr(schema, "fields", [])}
+        if "messages" not in fields:
+            raise InputError(f"prompts: {path}: OpenAI batch rows need body.messages")
+        exprs = [pl.col("custom_id").cast(pl.String).alias("id"),
+                 body.struct.field("messages").alias("messages")]
+        if "max_tokens" in fields:
+            exprs.append(body.struct.field("max_tokens").alias("max_new_tokens"))
+        for name in ("temperature", "top_p", "seed"):
+            if name in fields:
+                exprs.append(body.struct.field(name).alias(name))
+        return lf.select(exprs), "openai_batch", "messages"
+    if "id" not in cols:
+        raise InputError(f"prompts: {path} has no `id` column (columns: {', '.join(cols)}); "
+                         "add a unique id per row")
+    if "prompt" in cols:
+        kind = "prompt"
+    elif "messages" in cols:
+        kind = "messages"
+    else:
+        raise InputError(f"prompts: {path} needs a `prompt` or `messages` column "
+                         f"(columns: {', '.join(cols)})")
+    keep = ["id", kind, *[c for c in SAMPLING_COLUMNS if c in cols]]
+    fmt = "parquet" if path.suffix == ".parquet" else "jsonl"
+    return lf.select(keep).with_columns(pl.col("id").cast(pl.String)), fmt, kind
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def open_input(path: Path) -> tuple[pl.LazyFrame, str, str]:
+    lf, fmt, kind = _normalize(_scan(path), path)
+    return lf, fmt, kind
+
+
+def validate_input(path: Path) -> InputSummary:
+    """Check ids (present, unique), prompts (non-empty) and encoding; fingerprint the ids."""
+    _check_utf8(path)
+    lf, fmt, kind = open_input(path)
+    try:
+        ids = lf.select(pl.col("id")).collect()["id"]
+        bad = lf.with_row_index("row").filter(_empty(kind)).select("row", "id").head(1).collect()
+    except pl.exceptions.PolarsError as exc:
+        raise InputError(f"prompts: {path}: {_first_line(exc)}") from exc
+    if ids.null_count():
+        row = ids.is_null().arg_true()[0]
+        raise InputError(f"prompts: {path} row {row}: `id` is missing; give every row an id")
+    dup = ids.is_duplicated()
+    if dup.any():
+        row = dup.arg_true()[0]
+        raise InputError(f"prompts: {path} row {row}: duplicate id {ids[row]!r}; ids must be "
+                         "unique")
+    if bad.height:
+        raise InputError(f"prompts: {path} row {bad['row'][0]} (id {bad['id'][0]!r}): empty "
+                         f"{kind}; remove the row or fill it")
+    if ids.len() == 0:
+        raise InputError(f"prompts: {path} has no rows")
+    digest = hashlib.sha256()
+    for chunk in ids.to_frame().iter_slices(100_000):
+        digest.update("\n".join(chunk["id"].to_list()).encode())
+        digest.update(b"\n")
+    return InputSummary(str(path), fmt, ids.len(), kind, digest.hexdigest())
+
+
+def _empty(kind: str) -> pl.Expr:
+    col = pl.col(kind)
+    if kind == "prompt":
+        return col.is_null() | (col.str.strip_chars().str.len_chars() == 0)
+    return col.is_null() | (col.list.len() == 0)
+
+
+def _check_utf8(path: Path) -> None:
+    if path.suffix == ".parquet":
+        return
+    with open(path, "rb") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(f"prompts: {path} line {lineno}: not UTF-8 ({exc.reason} at "
+                                 f"byte {exc.start}); re-encode the file as UTF-8") from exc
+
+
+def iter_rows(path: Path, start: int, stop: int, batch: int = 10_000) -> Iterator[dict[str, object]]:
+    """Rows [start, stop) in input order, as dicts (id, prompt|messages, sampling columns)."""
+    lf, _, _ = open_input(path)
+    sliced = lf.slice(start, stop - start)
+    for frame in sliced.collect_batches(chunk_size=batch):
+        yield from frame.iter_rows(named=True)

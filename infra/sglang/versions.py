@@ -1,0 +1,123 @@
+"""What each SGLang version does differently, keyed by the upstream change dates.
+
+The behaviour changes that matter to us (../shared/sglang-reference.md §1–2) happened on
+upstream `main` on known dates; a release carries every change merged before it was cut.
+Releases between two known cut dates are given the older behaviour (the safe side: the old
+flag names are accepted by every build up to 0.5.22).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import date
+
+# Cut dates of releases we know (reference Appendix B; 0.5.23 from PyPI).
+RELEASE_DATES: dict[tuple[int, int, int], date] = {
+    (0, 4, 0): date(2024, 12, 6),
+    (0, 5, 0): date(2025, 8, 11),
+    (0, 5, 6): date(2025, 12, 8),
+    (0, 5, 10): date(2026, 3, 28),
+    (0, 5, 11): date(2026, 5, 8),
+    (0, 5, 15): date(2026, 7, 7),
+    (0, 5, 23): date(2026, 10, 20),
+}
+LATEST_KNOWN = max(RELEASE_DATES)
+
+STRATEGY_FLAG_ADDED = date(2025, 12, 14)  # --mamba-scheduler-strategy (#14792)
+JOINT_SPEC_SOLVE = date(2026, 5, 27)  # intermediate buffers solved with the slot count
+MRR_TOKEN_CAP = date(2026, 6, 12)  # requested MRR capped by tokens/2, MTP KV scaling
+STRATEGY_RENAMED = date(2026, 6, 19)  # --mamba-radix-cache-strategy (#28151)
+
+
+@dataclass(frozen=True)
+class SGLangVersion:
+    """A resolved SGLang version and the behaviours it implies."""
+
+    label: str
+    release: date
+    is_0523_or_newer: bool
+
+    @property
+    def strategy_flag(self) -> str | None:
+        if self.release < STRATEGY_FLAG_ADDED:
+            return None
+        if self.release >= STRATEGY_RENAMED:
+            return "--mamba-radix-cache-strategy"
+        return "--mamba-scheduler-strategy"
+
+    @property
+    def accepts_old_strategy_flag(self) -> bool:
+        """main kept the old name as an alias; 0.5.23 removed it."""
+        return STRATEGY_FLAG_ADDED <= self.release and not self.is_0523_or_newer
+
+    @property
+    def auto_prefers_extra_buffer(self) -> bool:
+        return self.release >= STRATEGY_RENAMED
+
+    @property
+    def no_buffer_needs_disable_overlap(self) -> bool:
+        """New builds assert instead of silently disabling overlap for explicit no_buffer."""
+        return self.release >= STRATEGY_RENAMED
+
+    @property
+    def spec_reservation(self) -> str:
+        if self.is_0523_or_newer:
+            return "joint_padded"
+        return "joint" if self.release >= JOINT_SPEC_SOLVE else "upfront"
+
+    @property
+    def mrr_token_cap(self) -> bool:
+        return self.release >= MRR_TOKEN_CAP
+
+    @property
+    def cuda_graph_max_bs_flag(self) -> str:
+        return ("--cuda-graph-max-bs-decode" if self.is_0523_or_newer
+                else "--cuda-graph-max-bs")
+
+    @property
+    def spec_without_radix_rejects_no_buffer(self) -> bool:
+        """≤2026-06-18: speculative decoding + no_buffer + radix cache is a hard error."""
+        return self.release < STRATEGY_RENAMED
+
+
+_VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:[.\-+]?(?:post|rc|dev)\d*)?(?:\+.*)?$")
+
+
+def parse_version(text: str) -> SGLangVersion:
+    """Resolve `0.5.23`, `v0.5.10rc0`, `0.5.4.post1` or `main` to a behaviour set."""
+    raw = text.strip()
+    if raw.lower() in ("main", "latest"):
+        return SGLangVersion("main", date(2026, 7, 20), is_0523_or_newer=False)
+    match = _VERSION_RE.match(raw)
+    if not match:
+        raise ValueError(
+            f"sglang_version: {text!r} is not a version like 0.5.23 (or 'main'); "
+            "set it to the installed SGLang release"
+        )
+    key = (int(match[1]), int(match[2]), int(match[3]))
+    known = [v for v in RELEASE_DATES if v <= key]
+    if not known:
+        raise ValueError(
+            f"sglang_version: {raw} is older than the oldest release we model "
+            f"({'.'.join(map(str, min(RELEASE_DATES)))}); upgrade SGLang"
+        )
+    release = RELEASE_DATES[max(known)]
+    return SGLangVersion(raw, release, is_0523_or_newer=key >= (0, 5, 23))
+
+
+def installed_version() -> SGLangVersion | None:
+    """The SGLang installed in this environment, if any (read from package metadata)."""
+    from importlib import metadata
+
+    try:
+        return parse_version(metadata.version("sglang"))
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def is_newer_than_known(version: SGLangVersion) -> bool:
+    match = _VERSION_RE.match(version.label)
+    if not match:
+        return False
+    return (int(match[1]), int(match[2]), int(match[3])) > LATEST_KNOWN

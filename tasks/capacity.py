@@ -1,0 +1,58 @@
+"""Measure what each server actually got (pools and caps) and compare with the memory model.
+
+The seeds grepped one GPU's log for `max_running_requests`; we ask every server, because a
+GPU unlike the others (another process on it, other memory) shows up only there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prefect import task
+from pydantic import SecretStr
+
+from infra.sglang.client import ServerAnswerError, get_server_info
+from infra.sglang.server_info import parse_server_info
+from tasks.servers import ServerHandle
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """One server's measured capacity, from its /server_info."""
+
+    index: int
+    url: str
+    version: str | None
+    max_running_requests: int
+    max_total_num_tokens: int
+    max_mamba_cache_size: int | None
+    context_len: int | None
+    config: str
+
+
+def measure_one(handle: ServerHandle, api_key: str | None) -> Capacity:
+    body = get_server_info(handle.url, api_key)
+    info = parse_server_info(body)
+    if info.max_running_requests is None or info.max_total_num_tokens is None:
+        raise ServerAnswerError(
+            f"{handle.url}/server_info lacks max_running_requests or max_total_num_tokens; "
+            "is this an SGLang server that finished starting?")
+    return Capacity(handle.index, handle.url, info.version, info.max_running_requests,
+                    info.max_total_num_tokens, info.max_mamba_cache_size, info.context_len,
+                    handle.config)
+
+
+def measure_fleet(handles: list[ServerHandle], api_key: str | None) -> list[Capacity]:
+    return [measure_one(h, api_key) for h in handles]
+
+
+def client_limit(cap: Capacity, configured: int | None, queue_target: int) -> int:
+    """In-flight requests to keep at a server: its running cap plus a small queue."""
+    if configured is not None:
+        return configured
+    return max(1, cap.max_running_requests + queue_target)
+
+
+@task(name="measure_capacity", retries=3, retry_delay_seconds=[1, 2, 4])
+def measure_capacity(handles: list[ServerHandle], api_key: SecretStr | None) -> list[Capacity]:
+    return measure_fleet(handles, api_key.get_secret_value() if api_key else None)

@@ -1,0 +1,321 @@
+"""The async dispatcher: one httpx pool, per-server in-flight limits, retries, shard assembly.
+
+Each server gets as many worker coroutines as its in-flight limit; all pull from one queue,
+so a free slot anywhere takes the next prompt (least-loaded routing without bookkeeping).
+Transient failures (connection errors, 5xx, timeouts) are retried with exponential backoff
+and jitter, on whichever server is free next; a server that keeps refusing connections is
+dropped. A prompt that fails permanently (4xx, or too many tries) becomes an error row with
+its reason, and the job goes on. A shard is committed as soon as all its rows are in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from infra.sglang.client import auth_headers
+
+DEAD_AFTER_CONNECT_FAILURES = 3
+
+
+class FleetDown(RuntimeError):
+    """Every server stopped answering; committed shards are safe, the rest resume later."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    name: str
+    url: str
+    limit: int
+    config: str  # server-config fingerprint recorded with each completion
+
+
+@dataclass(frozen=True)
+class DispatchOptions:
+    model: str
+    api_key: str | None
+    sampling: dict[str, Any]
+    request_timeout_s: float
+    max_attempts: int
+    backoff_s: float
+
+
+@dataclass
+class _Item:
+    shard: int
+    index: int
+    row: dict[str, Any]
+    attempts: int = 0
+    last_error: str = ""
+
+
+@dataclass
+class _Shard:
+    size: int
+    results: dict[int, dict[str, Any]] = field(default_factory=dict)
+    errors: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return len(self.results) + len(self.errors) == self.size
+
+
+class _Permanent(Exception):
+    pass
+
+
+class _Transient(Exception):
+    def __init__(self, message: str, connect: bool = False) -> None:
+        super().__init__(message)
+        self.connect = connect
+
+
+@dataclass
+class DispatchStats:
+    completed: int = 0
+    errors: int = 0
+    output_tokens: int = 0
+    retries: int = 0
+    started: float = field(default_factory=time.monotonic)
+    per_server: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+CommitFn = Callable[[int, list[dict[str, Any]], list[dict[str, Any]]], Awaitable[None]]
+
+
+def build_request(row: dict[str, Any], opts: DispatchOptions) -> tuple[str, dict[str, Any]]:
+    """(path, JSON body) for one input row; per-row sampling columns override job defaults."""
+    sampling = dict(opts.sampling)
+    for key in ("max_new_tokens", "temperature", "top_p", "seed"):
+        if row.get(key) is not None:
+            sampling[key] = row[key]
+    if "messages" in row and row.get("messages") is not None:
+        body: dict[str, Any] = {
+            "model": opts.model, "messages": row["messages"],
+            "max_tokens": sampling["max_new_tokens"], "temperature": sampling["temperature"],
+            "top_p": sampling["top_p"],
+        }
+        if sampling.get("seed") is not None:
+            body["seed"] = sampling["seed"]
+        return "/v1/chat/completions", body
+    params = {k: sampling[k] for k in ("max_new_tokens", "temperature", "top_p")}
+    if sampling.get("seed") is not None:
+        params["sampling_seed"] = sampling["seed"]
+    return "/generate", {"text": row["prompt"], "sampling_params": params}
+
+
+def parse_response(path: str, body: Any) -> dict[str, Any]:
+    """Completion fields from a /generate or OpenAI chat answer; raises on a malformed body."""
+    try:
+        if path == "/generate":
+            meta = body["meta_info"]
+            reason = meta.get("finish_reason") or {}
+            return {
+                "completion": str(body["text"]),
+                "finish_reason": reason.get("type") if isinstance(reason, dict) else str(reason),
+                "prompt_tokens": int(meta["prompt_tokens"]),
+                "completion_tokens": int(meta["completion_tokens"]),
+            }
+        choice = body["choices"][0]
+        usage = body["usage"]
+        return {
+            "completion": str(choice["message"]["content"]),
+            "finish_reason": str(choice.get("finish_reason")),
+            "prompt_tokens": int(usage["prompt_tokens"]),
+            "completion_tokens": int(usage["completion_tokens"]),
+        }
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise _Transient(f"malformed answer from server ({type(exc).__name__}: {exc})") from exc
+
+
+class Dispatcher:
+    """Runs pending shards through the fleet and commits each shard when it is complete."""
+
+    def __init__(self, endpoints: list[Endpoint], opts: DispatchOptions, commit: CommitFn,
+                 stop: asyncio.Event | None = None) -> None:
+        if not endpoints:
+            raise FleetDown("no healthy servers to dispatch to")
+        self.endpoints = endpoints
+        self.opts = opts
+        self.commit = commit
+        self.stop = stop or asyncio.Event()
+        self.stats = DispatchStats()
+        self._queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self._shards: dict[int, _Shard] = {}
+        self._dead: set[str] = set()
+        self._connect_failures: dict[str, int] = {}
+        self._in_flight = 0
+        self._fatal: FleetDown | None = None
+        self._rng = random.Random()
+
+    async def run(self, shards: Iterator[tuple[int, list[dict[str, Any]]]]) -> DispatchStats:
+        capacity = sum(e.limit for e in self.endpoints)
+        limits = httpx.Limits(max_connections=capacity + 8,
+                              max_keepalive_connections=capacity + 8)
+        timeout = httpx.Timeout(self.opts.request_timeout_s, connect=10.0)
+        async with httpx.AsyncClient(limits=limits, timeout=timeout,
+                                     headers=auth_headers(self.opts.api_key)) as client:
+            self._client = client
+            feeder = asyncio.create_task(self._feed(shards, window=max(2 * capacity, 64)))
+            workers = [asyncio.create_task(self._worker(ep))
+                       for ep in self.endpoints for _ in range(ep.limit)]
+            try:
+                while not feeder.done():
+                    if self._fatal is not None:
+                        raise self._fatal
+                    await asyncio.sleep(0.02)
+                await feeder
+                while self._shards and not self.stop.is_set():
+                    if self._fatal is not None:
+                        raise self._fatal
+                    if len(self._dead) == len(self.endpoints):
+                        raise FleetDown(
+                            f"all {len(self.endpoints)} servers stopped answering; "
+                            f"{len(self._shards)} shard(s) left uncommitted, they resume on "
+                            "the next run")
+                    await asyncio.sleep(0.02)
+                if self.stop.is_set():
+                    await self._drain()
+            finally:
+                for task in workers:
+                    task.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
+                feeder.cancel()
+        return self.stats
+
+    async def _drain(self, timeout_s: float = 60.0) -> None:
+        """Stop taking work; give in-flight requests a bounded time to finish and commit."""
+        deadline = time.monotonic() + timeout_s
+        while self._in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+    async def _feed(self, shards: Iterator[tuple[int, list[dict[str, Any]]]],
+                    window: int) -> None:
+        for shard_id, rows in shards:
+            while self._queue.qsize() >= window and not self.stop.is_set():
+                await asyncio.sleep(0.005)
+                if len(self._dead) == len(self.endpoints):
+                    return
+            if self.stop.is_set():
+                return
+            self._shards[shard_id] = _Shard(size=len(rows))
+            for index, row in enumerate(rows):
+                self._queue.put_nowait(_Item(shard_id, index, row))
+            if not rows:
+                await self._finish(shard_id)
+
+    async def _worker(self, ep: Endpoint) -> None:
+        while ep.name not in self._dead:
+            if self.stop.is_set():
+                return
+            item = await self._queue.get()
+            if self.stop.is_set():
+                return
+            if ep.name in self._dead:  # died while we waited: hand the prompt to another
+                self._queue.put_nowait(item)
+                return
+            self._in_flight += 1
+            try:
+                await self._handle(ep, item)
+            except FleetDown as exc:
+                self._fatal = exc
+                return
+            finally:
+                self._in_flight -= 1
+
+    async def _handle(self, ep: Endpoint, item: _Item) -> None:
+        path, body = build_request(item.row, self.opts)
+        started = time.monotonic()
+        try:
+            answer = await self._post(ep, path, body)
+        except _Permanent as exc:
+            await self._record_error(item, str(exc))
+            return
+        except _Transient as exc:
+            item.attempts += 1
+            item.last_error = str(exc)
+            self.stats.retries += 1
+            if exc.connect:
+                fails = self._connect_failures.get(ep.name, 0) + 1
+                self._connect_failures[ep.name] = fails
+                if fails >= DEAD_AFTER_CONNECT_FAILURES:
+                    self._dead.add(ep.name)
+            if item.attempts >= self.opts.max_attempts:
+                await self._record_error(
+                    item, f"failed {item.attempts} times; last: {item.last_error}")
+                return
+            delay = self.opts.backoff_s * (2 ** (item.attempts - 1))
+            await asyncio.sleep(min(delay, 30.0) * (0.5 + self._rng.random()))
+            self._queue.put_nowait(item)
+            return
+        self._connect_failures[ep.name] = 0
+        row = {**item.row, **answer, "server": ep.name, "config": ep.config,
+               "latency_s": round(time.monotonic() - started, 4)}
+        shard = self._shards[item.shard]
+        shard.results[item.index] = row
+        self.stats.completed += 1
+        self.stats.output_tokens += answer["completion_tokens"]
+        self.stats.per_server[ep.name] = self.stats.per_server.get(ep.name, 0) + 1
+        if shard.done:
+            await self._finish(item.shard)
+
+    async def _post(self, ep: Endpoint, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            resp = await self._client.post(f"{ep.url}{path}", content=json.dumps(body),
+                                           headers={"Content-Type": "application/json"})
+        except httpx.ConnectError as exc:
+            raise _Transient(f"{ep.name}: cannot connect ({exc})", connect=True) from exc
+        except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+            raise _Transient(f"{ep.name}: {type(exc).__name__}: {exc}") from exc
+        if resp.status_code == 401:
+            raise FleetDown(f"{ep.url}{path}: 401 Unauthorized; set api_key to the servers' "
+                            "--api-key")
+        if resp.status_code >= 500 or resp.status_code == 429:
+            raise _Transient(f"{ep.name}: HTTP {resp.status_code}")
+        if resp.status_code >= 400:
+            raise _Permanent(f"HTTP {resp.status_code}: {_error_message(resp)}")
+        try:
+            data = resp.json()
+        except ValueError as exc:
+            raise _Transient(f"{ep.name}: answer is not JSON") from exc
+        return parse_response(path, data)
+
+    async def _record_error(self, item: _Item, reason: str) -> None:
+        shard = self._shards[item.shard]
+        shard.errors[item.index] = {"id": item.row["id"], "error": reason,
+                                    "attempts": item.attempts + 1}
+        self.stats.errors += 1
+        if shard.done:
+            await self._finish(item.shard)
+
+    async def _finish(self, shard_id: int) -> None:
+        shard = self._shards[shard_id]
+        rows = [shard.results[i] for i in sorted(shard.results)]
+        errors = [shard.errors[i] for i in sorted(shard.errors)]
+        await self.commit(shard_id, rows, errors)
+        del self._shards[shard_id]
+
+
+def _error_message(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:300]
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])[:300]
+        if "message" in body:
+            return str(body["message"])[:300]
+    return str(body)[:300]

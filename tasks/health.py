@@ -1,0 +1,71 @@
+"""Wait until every server answers /health with 200, or say which one failed and why.
+
+A server whose process exits during startup is reported at once with the tail of its log
+(SGLang's own error is there), instead of waiting for the deadline.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from prefect import task
+from pydantic import SecretStr
+
+from infra.processes import is_ours_and_alive
+from infra.sglang.client import is_healthy
+from tasks.servers import ServerHandle
+
+LOG_TAIL_LINES = 15
+
+
+class ServerStartFailed(RuntimeError):
+    """A server exited or did not become healthy in time."""
+
+    def __init__(self, message: str, handle: ServerHandle, log_tail: str) -> None:
+        super().__init__(message)
+        self.handle = handle
+        self.log_tail = log_tail
+
+
+def log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def wait_until_healthy(handles: list[ServerHandle], api_key: str | None,
+                       timeout_s: float, poll_s: float = 0.25) -> float:
+    """Block until all are healthy; return the seconds it took. Raise ServerStartFailed."""
+    started = time.monotonic()
+    deadline = started + timeout_s
+    pending = list(handles)
+    while pending:
+        for handle in list(pending):
+            if not is_ours_and_alive(handle.record):
+                tail = log_tail(handle.log_path)
+                raise ServerStartFailed(
+                    f"server {handle.index} (GPU {handle.gpu}, {handle.url}) exited during "
+                    f"startup; its log {handle.log_path} ends with:\n{tail}", handle, tail)
+            if is_healthy(handle.url, api_key, timeout_s=5.0):
+                pending.remove(handle)
+        if not pending:
+            break
+        if time.monotonic() > deadline:
+            first = pending[0]
+            tail = log_tail(first.log_path)
+            raise ServerStartFailed(
+                f"{len(pending)} server(s) not healthy after {timeout_s:.0f} s "
+                f"(startup_timeout_s); first: {first.url}, log {first.log_path}:\n{tail}",
+                first, tail)
+        time.sleep(poll_s)
+    return time.monotonic() - started
+
+
+@task(name="wait_healthy")
+def wait_healthy(handles: list[ServerHandle], api_key: SecretStr | None,
+                 timeout_s: float) -> float:
+    return wait_until_healthy(handles, api_key.get_secret_value() if api_key else None,
+                              timeout_s)

@@ -1,0 +1,168 @@
+"""Launch and stop the fleet: one server per GPU, distinct ports, a log file each.
+
+Same code for `engine=sim` and `engine=sglang`; only the executable differs. Servers left by a
+dead earlier run of this job (found in the output's registry) are stopped first — a process
+is only ever signalled if its pid *and* start time match what we recorded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefect import task
+
+from flows.settings import JobSettings
+from infra.processes import (
+    ProcessRecord,
+    ProcessRegistry,
+    port_is_free,
+    spawn,
+    terminate,
+    wait_ports_free,
+)
+from infra.sglang.launch import LaunchSpec, executable, server_args
+from infra.sglang.memory import DEFAULT_VERSION
+from infra.sglang.profiles import model_profile
+from infra.sglang.versions import SGLangVersion, installed_version, parse_version
+
+
+class LaunchError(RuntimeError):
+    """A server could not be started; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class ServerHandle:
+    """A running server of this job (serializable: crosses task boundaries)."""
+
+    index: int
+    gpu: int
+    url: str
+    log_path: str
+    record: ProcessRecord
+    config: str  # server-flags fingerprint
+
+
+def registry_for(output: Path) -> ProcessRegistry:
+    return ProcessRegistry(output / "servers" / "registry.json")
+
+
+def resolve_version(settings: JobSettings) -> SGLangVersion:
+    """Configured version, else the installed SGLang (engine=sglang), else the sim's."""
+    if settings.sglang_version:
+        return parse_version(settings.sglang_version)
+    if settings.engine == "sim":
+        return parse_version(settings.sim.sglang_version or DEFAULT_VERSION)
+    found = installed_version()
+    if found is None:
+        raise LaunchError(
+            "sglang_version: SGLang is not installed here; install 'expansion[sglang]' or set "
+            "sglang_version (and python) to the SGLang that runs on the GPU nodes")
+    return found
+
+
+def build_launch_specs(settings: JobSettings, output: Path) -> list[LaunchSpec]:
+    """One LaunchSpec per GPU: argv, env (CUDA_VISIBLE_DEVICES, sim knobs), port, log file."""
+    version = resolve_version(settings)
+    hybrid = True
+    try:
+        hybrid = model_profile(settings.model).hybrid
+    except ValueError:
+        pass  # a model without a profile: SGLang decides; we only lose planning
+    api_key = settings.api_key.get_secret_value() if settings.api_key else None
+    specs = []
+    for index, gpu in enumerate(settings.gpus):
+        port = settings.base_port + index
+        argv = executable(settings.engine, settings.python) + server_args(
+            settings.server, version, model=settings.model, host=settings.host, port=port,
+            api_key=api_key, hybrid=hybrid)
+        env = {"CUDA_VISIBLE_DEVICES": str(gpu)}
+        if settings.engine == "sim":
+            env.update(_sim_env(settings, version))
+        specs.append(LaunchSpec(
+            index=index, gpu=gpu, host=settings.host, port=port, argv=tuple(argv), env=env,
+            log_path=output / "servers" / f"server-{index}-gpu{gpu}.log",
+            secrets=(api_key,) if api_key else ()))
+    return specs
+
+
+def _sim_env(settings: JobSettings, version: SGLangVersion) -> dict[str, str]:
+    import json
+
+    sim = settings.sim
+    env = {
+        "EXPANSION_SIM_GPU": sim.gpu,
+        "EXPANSION_SIM_TIME_SCALE": str(sim.time_scale),
+        "EXPANSION_SIM_STARTUP_S": str(sim.startup_s),
+        "EXPANSION_SIM_SGLANG_VERSION": version.label,
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+    }
+    if sim.faults:
+        env["EXPANSION_SIM_FAULTS"] = json.dumps(sim.faults)
+    return env
+
+
+def stop_stale(registry: ProcessRegistry, grace_s: float) -> list[ProcessRecord]:
+    """Stop servers an earlier, dead run of this job left behind (ours only)."""
+    stale = registry.load()
+    if stale:
+        terminate(stale, grace_s)
+        registry.clear()
+    return stale
+
+
+def launch_fleet(specs: list[LaunchSpec], registry: ProcessRegistry,
+                 config: str, grace_s: float = 30.0) -> list[ServerHandle]:
+    """Start every server; fail early if a port is held by a process that is not ours."""
+    stop_stale(registry, grace_s)
+    busy = wait_ports_free(specs[0].host, [s.port for s in specs], timeout_s=5.0) if specs else []
+    if busy:
+        raise LaunchError(
+            f"base_port: port(s) {', '.join(map(str, busy))} on {specs[0].host} are in use by "
+            "another program; pick another base_port")
+    handles: list[ServerHandle] = []
+    try:
+        for spec in specs:
+            _proc, record = spawn(spec.argv, spec.env, spec.log_path, spec.port, spec.host)
+            registry.add(record)
+            handles.append(ServerHandle(spec.index, spec.gpu, spec.url, str(spec.log_path),
+                                        record, config))
+    except OSError as exc:
+        stop_fleet(handles, registry, grace_s)
+        raise LaunchError(f"could not start server: {exc}") from exc
+    return handles
+
+
+@dataclass(frozen=True)
+class StopReport:
+    stopped: int
+    killed: list[int]
+    ports_busy: list[int]
+
+
+def stop_fleet(handles: list[ServerHandle], registry: ProcessRegistry,
+               grace_s: float) -> StopReport:
+    """SIGTERM, SIGKILL after the grace period, then verify processes gone and ports free."""
+    records = [h.record for h in handles] or registry.load()
+    killed = terminate(records, grace_s)
+    busy = [p for p in wait_ports_free(records[0].host, [r.port for r in records], 10.0)
+            ] if records else []
+    registry.clear()
+    return StopReport(len(records), killed, busy)
+
+
+def ports_free(handles: list[ServerHandle]) -> bool:
+    return all(port_is_free(h.record.host, h.record.port) for h in handles)
+
+
+@task(name="launch_servers", retries=0)
+def launch_servers(settings: JobSettings, output: str) -> list[ServerHandle]:
+    out = Path(output)
+    specs = build_launch_specs(settings, out)
+    return launch_fleet(specs, registry_for(out), settings.server.fingerprint(),
+                        settings.stop_grace_s)
+
+
+@task(name="stop_servers", retries=0)
+def stop_servers(handles: list[ServerHandle], output: str, grace_s: float) -> StopReport:
+    return stop_fleet(handles, registry_for(Path(output)), grace_s)

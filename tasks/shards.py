@@ -1,0 +1,129 @@
+"""Plan shards from the input, then generate the pending ones and commit each when complete.
+
+The plan depends only on the input ids and shard_size, never on servers, flags or
+concurrency, so a run resumed after reconfiguring the fleet finds the same shards; what is
+pending is the plan minus the manifest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from flows.settings import JobSettings
+from infra.ledger import Ledger, ManifestEntry, ShardPlan, make_plan
+from infra.prompts import iter_rows, validate_input
+from tasks.capacity import Capacity, client_limit
+from tasks.dispatch import Dispatcher, DispatchOptions, DispatchStats, Endpoint
+
+
+@dataclass(frozen=True)
+class JobState:
+    """Where a job stands before generating: the plan and what is left."""
+
+    output: str
+    plan: ShardPlan
+    pending: list[int]
+    committed_rows: int
+    removed_strays: int
+
+
+def prepare_job(prompts: Path, output: Path, shard_size: int) -> JobState:
+    """Validate input (before any GPU time), fix or check the plan, clean strays."""
+    summary = validate_input(prompts)
+    ledger = Ledger(output)
+    plan = ledger.init_plan(make_plan(summary, shard_size))
+    removed = ledger.remove_strays()
+    committed = ledger.committed()
+    pending = [s for s in range(plan.num_shards) if s not in committed]
+    rows = sum(e.rows + e.errors for e in committed.values())
+    return JobState(str(output), plan, pending, rows, len(removed))
+
+
+def iter_pending_shards(plan: ShardPlan, pending: list[int],
+                        ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """Rows of each pending shard, reading the input once from the first pending shard."""
+    if not pending:
+        return
+    wanted = set(pending)
+    first = min(pending)
+    start, _ = plan.rows_of(first)
+    current: list[dict[str, Any]] = []
+    shard = first
+    for offset, row in enumerate(iter_rows(Path(plan.input_path), start, plan.input_rows)):
+        row_shard = (start + offset) // plan.shard_size
+        if row_shard != shard:
+            if shard in wanted:
+                yield shard, current
+            current, shard = [], row_shard
+        if row_shard in wanted:
+            current.append(row)
+    if shard in wanted:
+        yield shard, current
+
+
+OnCommit = Callable[[ManifestEntry], None]
+
+
+def generate_pending(settings: JobSettings, state: JobState, capacities: list[Capacity],
+                     on_commit: OnCommit | None = None,
+                     stop: threading.Event | None = None) -> DispatchStats:
+    """Dispatch every pending shard across the fleet; commit shards as they complete."""
+    ledger = Ledger(Path(state.output))
+    endpoints = [
+        Endpoint(name=f"server-{c.index}", url=c.url,
+                 limit=client_limit(c, settings.client.concurrency_per_server,
+                                    settings.client.queue_target), config=c.config)
+        for c in capacities
+    ]
+    s = settings.sampling
+    opts = DispatchOptions(
+        model=settings.model,
+        api_key=settings.api_key.get_secret_value() if settings.api_key else None,
+        sampling={"max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
+                  "top_p": s.top_p, "seed": s.seed},
+        request_timeout_s=settings.client.request_timeout_s,
+        max_attempts=settings.client.max_attempts,
+        backoff_s=settings.client.backoff_s,
+    )
+
+    async def commit(shard: int, rows: list[dict[str, Any]],
+                     errors: list[dict[str, Any]]) -> None:
+        entry = await asyncio.to_thread(ledger.commit_shard, state.plan, shard, rows, errors)
+        if on_commit is not None:
+            on_commit(entry)
+
+    async def main() -> DispatchStats:
+        stop_event = asyncio.Event()
+        dispatcher = Dispatcher(endpoints, opts, commit, stop_event)
+        watcher = None
+        if stop is not None:
+            async def watch() -> None:
+                while not stop.is_set():
+                    await asyncio.sleep(0.05)
+                stop_event.set()
+            watcher = asyncio.create_task(watch())
+        try:
+            return await dispatcher.run(iter_pending_shards(state.plan, state.pending))
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+
+    return asyncio.run(main())
+
+
+@task(name="plan_shards", retries=0)
+def plan_shards(prompts: str, output: str, shard_size: int) -> JobState:
+    return prepare_job(Path(prompts), Path(output), shard_size)
+
+
+@task(name="generate_shards", retries=0)
+def generate_shards(settings: JobSettings, state: JobState, capacities: list[Capacity],
+                    on_commit: OnCommit | None = None) -> DispatchStats:
+    return generate_pending(settings, state, capacities, on_commit)
