@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
@@ -39,7 +40,7 @@ def _stop_fleet_hook(flow_: Any, flow_run: Any, state: Any) -> None:
     params = dict(getattr(flow_run, "parameters", {}) or {})
     try:
         settings = job_settings(**params)
-    except Exception:  # noqa: BLE001 - a hook must never raise; nothing to stop without output
+    except Exception:
         return
     stop_fleet([], registry_for(Path(settings.output)), settings.stop_grace_s)
 
@@ -64,7 +65,8 @@ def summarize(settings: JobSettings, state: JobState, capacities: list[Capacity]
     }
 
 
-@flow(name="generate", on_cancellation=[_stop_fleet_hook], on_crashed=[_stop_fleet_hook],
+@flow(name="generate", on_cancellation=[_stop_fleet_hook],  # type: ignore[list-item]
+      on_crashed=[_stop_fleet_hook],  # type: ignore[list-item]
       log_prints=False)
 def generate(prompts: str | None = None, output: str | None = None, engine: str | None = None,
              gpus: list[int] | None = None, model: str | None = None,
@@ -120,6 +122,7 @@ def _progress_reporter(state: JobState, logger: Any) -> Any:
     done = total - len(state.pending)
     artifact_id = create_progress_artifact(progress=100.0 * done / total,
                                            description="committed shards / planned shards")
+    assert isinstance(artifact_id, UUID)  # sync context: not a coroutine
     counter = {"done": done, "tokens": 0, "t0": time.monotonic()}
 
     def on_commit(entry: ManifestEntry) -> None:

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import SettingsError as PydanticSettingsError
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -18,6 +17,7 @@ from pydantic_settings import (
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+from pydantic_settings import SettingsError as PydanticSettingsError
 
 from infra.sglang.flags import ServerFlags
 
@@ -86,10 +86,10 @@ class JobSettings(BaseSettings):
     api_key: SecretStr | None = Field(None, description="passed to SGLang and every client call")
     sglang_version: str | None = Field(None, description="default: detected from the install")
     python: str | None = Field(None, description="python that runs SGLang (default: this one)")
-    server: ServerFlags = Field(default_factory=ServerFlags)
-    client: ClientSettings = Field(default_factory=ClientSettings)
-    sampling: SamplingSettings = Field(default_factory=SamplingSettings)
-    sim: SimSettings = Field(default_factory=SimSettings)
+    server: ServerFlags = Field(default_factory=lambda: ServerFlags())
+    client: ClientSettings = Field(default_factory=lambda: ClientSettings())
+    sampling: SamplingSettings = Field(default_factory=lambda: SamplingSettings())
+    sim: SimSettings = Field(default_factory=lambda: SimSettings())
     shard_size: int = Field(100, ge=1, le=10_000_000, description="prompts per output shard")
     startup_timeout_s: float = Field(900.0, gt=0, description="deadline for servers to be healthy")
     stop_grace_s: float = Field(30.0, ge=0, description="SIGTERM → SIGKILL grace period")

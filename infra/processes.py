@@ -62,8 +62,8 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path, port: int
 
 
 def is_ours_and_alive(record: ProcessRecord) -> bool:
-    """True only if the pid is alive *and* is the very process we started."""
-    return start_ticks(record.pid) == record.start_ticks
+    """True only if the pid is alive (not a zombie) *and* is the very process we started."""
+    return start_ticks(record.pid) == record.start_ticks and is_alive(record.pid)
 
 
 def is_alive(pid: int) -> bool:

@@ -89,7 +89,8 @@ def open_input(path: Path) -> tuple[pl.LazyFrame, str, str]:
 
 def validate_input(path: Path) -> InputSummary:
     """Check ids (present, unique), prompts (non-empty) and encoding; fingerprint the ids."""
-    _check_utf8(path)
+    if path.is_file():
+        _check_utf8(path)
     lf, fmt, kind = open_input(path)
     try:
         ids = lf.select(pl.col("id")).collect()["id"]
@@ -99,7 +100,7 @@ def validate_input(path: Path) -> InputSummary:
     if ids.null_count():
         row = ids.is_null().arg_true()[0]
         raise InputError(f"prompts: {path} row {row}: `id` is missing; give every row an id")
-    dup = ids.is_duplicated()
+    dup = ~ids.is_first_distinct()
     if dup.any():
         row = dup.arg_true()[0]
         raise InputError(f"prompts: {path} row {row}: duplicate id {ids[row]!r}; ids must be "
@@ -135,7 +136,8 @@ def _check_utf8(path: Path) -> None:
                                  f"byte {exc.start}); re-encode the file as UTF-8") from exc
 
 
-def iter_rows(path: Path, start: int, stop: int, batch: int = 10_000) -> Iterator[dict[str, object]]:
+def iter_rows(path: Path, start: int, stop: int,
+              batch: int = 10_000) -> Iterator[dict[str, object]]:
     """Rows [start, stop) in input order, as dicts (id, prompt|messages, sampling columns)."""
     lf, _, _ = open_input(path)
     sliced = lf.slice(start, stop - start)

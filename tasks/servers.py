@@ -7,6 +7,7 @@ is only ever signalled if its pid *and* start time match what we recorded.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,11 +65,9 @@ def resolve_version(settings: JobSettings) -> SGLangVersion:
 def build_launch_specs(settings: JobSettings, output: Path) -> list[LaunchSpec]:
     """One LaunchSpec per GPU: argv, env (CUDA_VISIBLE_DEVICES, sim knobs), port, log file."""
     version = resolve_version(settings)
-    hybrid = True
-    try:
+    hybrid = True  # a model without a profile: SGLang decides; we only lose planning
+    with contextlib.suppress(ValueError):
         hybrid = model_profile(settings.model).hybrid
-    except ValueError:
-        pass  # a model without a profile: SGLang decides; we only lose planning
     api_key = settings.api_key.get_secret_value() if settings.api_key else None
     specs = []
     for index, gpu in enumerate(settings.gpus):

@@ -49,7 +49,7 @@ class SGLangVersion:
     @property
     def accepts_old_strategy_flag(self) -> bool:
         """main kept the old name as an alias; 0.5.23 removed it."""
-        return STRATEGY_FLAG_ADDED <= self.release and not self.is_0523_or_newer
+        return self.release >= STRATEGY_FLAG_ADDED and not self.is_0523_or_newer
 
     @property
     def auto_prefers_extra_buffer(self) -> bool:

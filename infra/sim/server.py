@@ -253,9 +253,10 @@ def build_app(server: SimServer) -> Starlette:
             prompt = "".join(f"<|im_start|>{m.get('role')}\n{m.get('content')}<|im_end|>\n"
                              for m in msgs if isinstance(m, dict))
         else:
-            prompt = body.get("prompt")
-            if not isinstance(prompt, str):
+            raw = body.get("prompt")
+            if not isinstance(raw, str):
                 return _bad_request("`prompt` (a string) is required", openai=True)
+            prompt = raw
         fault = await server.maybe_fault()
         if fault is not None:
             return fault

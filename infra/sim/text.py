@@ -11,7 +11,7 @@ _WORDS = (
     "the model state cache request token batch decode prefill memory slot pool server "
     "throughput latency shard manifest upload plan queue mamba attention layer head "
     "kernel graph prompt answer reason step because therefore which while data train "
-    "example value result first second then finally note consider also more less"
+    "example value result first second then finally note consider also more less "
 ).split()
 EOS_TOKEN_ID = 151645
 

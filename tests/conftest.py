@@ -1,0 +1,93 @@
+"""Shared fixtures: free ports per xdist worker, simulated fleets, a Prefect test API."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flows.settings import JobSettings, load_settings
+from infra.processes import port_is_free
+from tasks.health import wait_until_healthy
+from tasks.servers import ServerHandle, build_launch_specs, launch_fleet, registry_for, stop_fleet
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+_counter = itertools.count()
+
+
+def _worker_index() -> int:
+    name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(name.removeprefix("gw") or 0)
+
+
+def free_port_block(size: int) -> int:
+    """A base port with `size` consecutive free ports, distinct per xdist worker."""
+    for _ in range(200):
+        base = 32000 + _worker_index() * 4000 + (next(_counter) * 16) % 3900
+        if all(port_is_free("127.0.0.1", base + i) for i in range(size)):
+            return base
+    raise RuntimeError("no free port block")
+
+
+@pytest.fixture
+def ports() -> Callable[[int], int]:
+    return free_port_block
+
+
+def sim_settings(tmp_path: Path, n: int = 2, **overrides: Any) -> JobSettings:
+    values: dict[str, Any] = {
+        "engine": "sim", "gpus": list(range(n)), "output": str(tmp_path / "out"),
+        "base_port": free_port_block(n), "sim.startup_s": 0.2, "sim.time_scale": 500.0,
+        "stop_grace_s": 5.0, "startup_timeout_s": 60.0, "sampling.max_new_tokens": 32,
+    }
+    values.update(overrides)
+    return load_settings(None, **values)
+
+
+@pytest.fixture
+def sim_fleet(tmp_path: Path) -> Iterator[Callable[..., list[ServerHandle]]]:
+    """Start simulated servers through the real launch path; always stop them."""
+    started: list[tuple[list[ServerHandle], Path]] = []
+
+    def start(n: int = 2, wait: bool = True, **overrides: Any) -> list[ServerHandle]:
+        settings = sim_settings(tmp_path, n, **overrides)
+        out = Path(settings.output)
+        handles = launch_fleet(build_launch_specs(settings, out), registry_for(out),
+                               settings.server.fingerprint(), 5.0)
+        started.append((handles, out))
+        if wait:
+            key = settings.api_key.get_secret_value() if settings.api_key else None
+            wait_until_healthy(handles, key, 60.0)
+        return handles
+
+    yield start
+    for handles, out in started:
+        stop_fleet(handles, registry_for(out), 5.0)
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A private Prefect API for flow tests (or the one CI exported in PREFECT_API_URL)."""
+    from infra.prefect_env import configure_local_prefect
+
+    configure_local_prefect()
+    if os.environ.get("PREFECT_API_URL"):
+        yield
+        return
+    from prefect.settings import PREFECT_HOME, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    home = tmp_path_factory.mktemp("prefect-home")
+    with temporary_settings({PREFECT_HOME: str(home)}), prefect_test_harness(
+            server_startup_timeout=300):
+        yield
+
+
+def socket_closed(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0

@@ -1,0 +1,102 @@
+"""The `generate` flow end to end: Prefect, two simulated servers as processes, real files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from infra.ledger import Ledger
+from infra.processes import port_is_free
+from tests.conftest import free_port_block
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def prompts(path: Path, n: int) -> Path:
+    path.write_text("".join(json.dumps({"id": f"id-{i:04d}", "prompt": f"question {i}"}) + "\n"
+                            for i in range(n)))
+    return path
+
+
+def overrides(**extra: object) -> dict[str, object]:
+    return {"base_port": free_port_block(2), "sim.startup_s": 0.2, "sim.time_scale": 500.0,
+            "sampling.max_new_tokens": 32, "shard_size": 50, "stop_grace_s": 5.0, **extra}
+
+
+@pytest.mark.slow
+def test_every_prompt_has_exactly_one_completion(prefect_api: None, tmp_path: Path) -> None:
+    from flows.generate import generate
+
+    src = prompts(tmp_path / "p.jsonl", 300)
+    out = tmp_path / "out"
+    opts = overrides(upload_to=str(tmp_path / "bucket"))
+    summary = generate(prompts=str(src), output=str(out), gpus=[0, 1], overrides=opts)
+    assert summary["prompts_done_this_run"] == 300
+    assert len(summary["servers"]) == 2
+    assert all(s["max_running_requests"] > 0 for s in summary["servers"])
+    frame = Ledger(out).read_completions()
+    assert frame.height == 300
+    assert frame["id"].n_unique() == 300
+    assert set(frame["id"]) == {f"id-{i:04d}" for i in range(300)}
+    assert {"completion", "finish_reason", "prompt_tokens", "completion_tokens", "server",
+            "config", "latency_s", "prompt"} <= set(frame.columns)
+    assert set(frame["server"]) == {"server-0", "server-1"}
+    for port in (opts["base_port"], opts["base_port"] + 1):
+        assert port_is_free("127.0.0.1", port)
+    uploaded = sorted((tmp_path / "bucket" / "shards").glob("*.parquet"))
+    assert len(uploaded) == 6 and (tmp_path / "bucket" / "manifest.jsonl").is_file()
+
+    again = generate(prompts=str(src), output=str(out), gpus=[0, 1], overrides=overrides())
+    assert again["prompts_done_this_run"] == 0 and again["already_committed"] == 300
+    assert again["servers"] == []  # nothing pending: no GPU time spent
+
+
+@pytest.mark.slow
+def test_resume_after_partial_output_completes_the_rest(prefect_api: None,
+                                                        tmp_path: Path) -> None:
+    from flows.generate import generate
+
+    src = prompts(tmp_path / "p.jsonl", 200)
+    out = tmp_path / "out"
+    generate(prompts=str(src), output=str(out), gpus=[0], overrides=overrides())
+    ledger = Ledger(out)
+    full = ledger.read_completions().sort("id")
+    # Drop two committed shards from the ledger as if they had never been committed.
+    lines = ledger.manifest_path.read_text().splitlines(keepends=True)
+    ledger.manifest_path.write_text("".join(lines[:2]))
+    summary = generate(prompts=str(src), output=str(out), gpus=[0, 1], overrides=overrides())
+    assert summary["prompts_done_this_run"] == 100
+    resumed = ledger.read_completions().sort("id")
+    assert resumed["id"].to_list() == full["id"].to_list()
+    assert resumed["completion"].to_list() == full["completion"].to_list()
+
+
+def test_cli_dry_run_prints_one_launch_line_per_gpu() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "expansion.cli", "run", "--dry-run", "--gpus", "0,1,2",
+         "--mamba-strategy", "no_buffer", "--set", "api_key=topsecret"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 3
+    assert all("--mamba-radix-cache-strategy no_buffer" in line for line in lines)
+    assert "topsecret" not in proc.stdout
+
+
+def test_cli_bad_setting_is_one_clear_line() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "expansion.cli", "run", "--mem-fraction-static", "1.5"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2
+    assert "server.mem_fraction_static" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bundled_sample_has_500_plus_prompts() -> None:
+    frame = pl.read_ndjson(ROOT / "flows" / "data" / "sample_prompts.jsonl")
+    assert frame.height >= 500 and frame["id"].n_unique() == frame.height

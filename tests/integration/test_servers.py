@@ -1,0 +1,77 @@
+"""Launch/stop: real processes, real signals, stale servers of a dead run, foreign ports."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.processes import ProcessRecord, ProcessRegistry, is_alive, port_is_free
+from tasks.servers import (
+    LaunchError,
+    build_launch_specs,
+    launch_fleet,
+    registry_for,
+    stop_fleet,
+)
+from tests.conftest import sim_settings
+
+
+def test_stop_verifies_processes_gone_and_ports_free(sim_fleet, tmp_path: Path) -> None:
+    handles = sim_fleet(2)
+    report = stop_fleet(handles, registry_for(tmp_path / "out"), 5.0)
+    assert report.stopped == 2 and report.ports_busy == []
+    for h in handles:
+        assert not is_alive(h.record.pid)
+        assert port_is_free("127.0.0.1", h.record.port)
+    assert not (tmp_path / "out" / "servers" / "registry.json").exists()
+
+
+def test_rerun_stops_servers_left_by_a_dead_run(tmp_path: Path) -> None:
+    settings = sim_settings(tmp_path, 1)
+    out = Path(settings.output)
+    first = launch_fleet(build_launch_specs(settings, out), registry_for(out), "c", 5.0)
+    old_pid = first[0].record.pid
+    second = launch_fleet(build_launch_specs(settings, out), registry_for(out), "c", 5.0)
+    try:
+        assert not is_alive(old_pid)
+        assert second[0].record.pid != old_pid
+        assert [r.pid for r in registry_for(out).load()] == [second[0].record.pid]
+    finally:
+        stop_fleet(second, registry_for(out), 5.0)
+
+
+def test_a_process_we_did_not_start_is_never_signalled(tmp_path: Path) -> None:
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        registry = ProcessRegistry(tmp_path / "registry.json")
+        registry.save([ProcessRecord(stranger.pid, start_ticks=1, port=1, host="127.0.0.1",
+                                     log_path="x", argv=["x"])])
+        stop_fleet([], registry, 1.0)
+        time.sleep(0.2)
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_port_held_by_another_program_is_a_clear_error(tmp_path: Path) -> None:
+    settings = sim_settings(tmp_path, 1)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", settings.base_port))
+        sock.listen()
+        with pytest.raises(LaunchError, match="in use by another program"):
+            launch_fleet(build_launch_specs(settings, Path(settings.output)),
+                         registry_for(Path(settings.output)), "c", 5.0)
+
+
+def test_servers_get_their_gpu_and_a_log_each(tmp_path: Path) -> None:
+    settings = sim_settings(tmp_path, 2, gpus=[3, 5])
+    specs = build_launch_specs(settings, Path(settings.output))
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["3", "5"]
+    assert len({s.port for s in specs}) == 2
+    assert [s.log_path.name for s in specs] == ["server-0-gpu3.log", "server-1-gpu5.log"]

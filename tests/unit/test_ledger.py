@@ -1,0 +1,87 @@
+"""The output folder is the ledger: atomic shards, append-only manifest, fixed plan."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from infra.ledger import Ledger, PlanMismatch, file_sha256, make_plan
+from infra.prompts import validate_input
+from tasks.shards import iter_pending_shards, prepare_job
+
+
+def write_prompts(path: Path, n: int, prefix: str = "p") -> Path:
+    path.write_text("".join(json.dumps({"id": f"{prefix}{i}", "prompt": f"q {i}"}) + "\n"
+                            for i in range(n)))
+    return path
+
+
+def test_plan_is_fixed_and_resume_against_other_input_fails(tmp_path: Path) -> None:
+    prompts = write_prompts(tmp_path / "a.jsonl", 25)
+    state = prepare_job(prompts, tmp_path / "out", 10)
+    assert state.plan.num_shards == 3 and state.pending == [0, 1, 2]
+    again = prepare_job(prompts, tmp_path / "out", 10)
+    assert again.plan == state.plan
+    other = write_prompts(tmp_path / "b.jsonl", 25, prefix="x")
+    with pytest.raises(PlanMismatch, match="holds a run over other input"):
+        prepare_job(other, tmp_path / "out", 10)
+    with pytest.raises(PlanMismatch):
+        prepare_job(prompts, tmp_path / "out", 5)
+
+
+def test_commit_writes_shard_then_manifest(tmp_path: Path) -> None:
+    prompts = write_prompts(tmp_path / "a.jsonl", 4)
+    ledger = Ledger(tmp_path / "out")
+    plan = ledger.init_plan(make_plan(validate_input(prompts), 2))
+    rows = [{"id": "p0", "completion": "x", "completion_tokens": 3},
+            {"id": "p1", "completion": "y", "completion_tokens": 4}]
+    entry = ledger.commit_shard(plan, 0, rows, [])
+    assert entry.rows == 2 and entry.output_tokens == 7
+    assert entry.sha256 == file_sha256(tmp_path / "out" / entry.path)
+    assert pl.read_parquet(tmp_path / "out" / entry.path)["id"].to_list() == ["p0", "p1"]
+    assert set(ledger.committed()) == {0}
+
+
+def test_errors_go_to_their_own_shard(tmp_path: Path) -> None:
+    prompts = write_prompts(tmp_path / "a.jsonl", 2)
+    ledger = Ledger(tmp_path / "out")
+    plan = ledger.init_plan(make_plan(validate_input(prompts), 2))
+    entry = ledger.commit_shard(plan, 0, [{"id": "p0", "completion": "x"}],
+                                [{"id": "p1", "error": "HTTP 400: too long", "attempts": 1}])
+    assert entry.errors == 1 and entry.error_path == "errors/shard-000000.parquet"
+    errs = pl.read_parquet(tmp_path / "out" / entry.error_path)
+    assert errs["error"].to_list() == ["HTTP 400: too long"]
+
+
+def test_uncommitted_files_and_temp_files_are_strays(tmp_path: Path) -> None:
+    prompts = write_prompts(tmp_path / "a.jsonl", 4)
+    state = prepare_job(prompts, tmp_path / "out", 2)
+    ledger = Ledger(tmp_path / "out")
+    ledger.commit_shard(state.plan, 0, [{"id": "p0"}, {"id": "p1"}], [])
+    (ledger.shards_dir / "shard-000001.parquet").write_bytes(b"renamed but not in manifest")
+    (ledger.shards_dir / ".shard-000001.parquet.tmp").write_bytes(b"half")
+    state = prepare_job(prompts, tmp_path / "out", 2)
+    assert state.removed_strays == 2 and state.pending == [1]
+    assert sorted(p.name for p in ledger.shards_dir.iterdir()) == ["shard-000000.parquet"]
+
+
+def test_torn_manifest_line_is_cut_and_shard_redone(tmp_path: Path) -> None:
+    prompts = write_prompts(tmp_path / "a.jsonl", 4)
+    state = prepare_job(prompts, tmp_path / "out", 2)
+    ledger = Ledger(tmp_path / "out")
+    ledger.commit_shard(state.plan, 0, [{"id": "p0"}, {"id": "p1"}], [])
+    with open(ledger.manifest_path, "a") as fh:
+        fh.write('{"shard": 1, "rows": 2')
+    state = prepare_job(prompts, tmp_path / "out", 2)
+    assert state.pending == [1]
+    assert ledger.manifest_path.read_text().endswith("\n")
+
+
+def test_pending_shards_stream_in_order_skipping_committed(tmp_path: Path) -> None:
+    prompts = write_prompts(tmp_path / "a.jsonl", 7)
+    plan = make_plan(validate_input(prompts), 3)
+    got = [(s, [r["id"] for r in rows]) for s, rows in iter_pending_shards(plan, [0, 2])]
+    assert got == [(0, ["p0", "p1", "p2"]), (2, ["p6"])]

@@ -1,0 +1,74 @@
+"""Bad input is refused before any GPU time, naming the row or column."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from infra.prompts import InputError, iter_rows, validate_input
+
+
+def jsonl(tmp_path: Path, rows: list[dict], name: str = "p.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_valid_jsonl_is_summarized(tmp_path: Path) -> None:
+    path = jsonl(tmp_path, [{"id": i, "prompt": f"p{i}"} for i in range(5)])
+    s = validate_input(path)
+    assert s.rows == 5 and s.kind == "prompt" and s.format == "jsonl"
+    assert [r["id"] for r in iter_rows(path, 1, 3)] == ["1", "2"]
+
+
+def test_parquet_with_messages(tmp_path: Path) -> None:
+    path = tmp_path / "p.parquet"
+    pl.DataFrame({"id": ["a", "b"], "messages": [[{"role": "user", "content": "x"}],
+                                                 [{"role": "user", "content": "y"}]]}
+                 ).write_parquet(path)
+    assert validate_input(path).kind == "messages"
+
+
+def test_openai_batch_jsonl(tmp_path: Path) -> None:
+    rows = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 10}} for i in range(3)]
+    path = jsonl(tmp_path, rows)
+    s = validate_input(path)
+    assert s.format == "openai_batch" and s.rows == 3
+    first = next(iter_rows(path, 0, 1))
+    assert first["id"] == "r0" and first["max_new_tokens"] == 10
+
+
+@pytest.mark.parametrize(("rows", "needle"), [
+    ([{"id": 1, "prompt": "a"}, {"id": 1, "prompt": "b"}], "row 1: duplicate id '1'"),
+    ([{"id": 1, "prompt": "a"}, {"id": 2, "prompt": "  "}], "row 1 (id '2'): empty prompt"),
+    ([{"prompt": "a"}], "no `id` column"),
+    ([{"id": 1, "text": "a"}], "needs a `prompt` or `messages` column"),
+    ([{"id": 1, "prompt": "a"}, {"id": None, "prompt": "b"}], "row 1: `id` is missing"),
+])
+def test_bad_rows_are_named(tmp_path: Path, rows: list[dict], needle: str) -> None:
+    with pytest.raises(InputError) as info:
+        validate_input(jsonl(tmp_path, rows))
+    assert needle in str(info.value)
+
+
+def test_non_utf8_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'{"id": 1, "prompt": "ok"}\n{"id": 2, "prompt": "\xff"}\n')
+    with pytest.raises(InputError, match="line 2: not UTF-8"):
+        validate_input(path)
+
+
+def test_malformed_json_and_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"id": 1, "prompt": "ok"}\n{"id": 2, "prompt": \n')
+    with pytest.raises(InputError):
+        validate_input(path)
+    with pytest.raises(InputError, match="does not exist"):
+        validate_input(tmp_path / "missing.jsonl")
+    with pytest.raises(InputError, match="must end in"):
+        validate_input(jsonl(tmp_path, [{"id": 1, "prompt": "a"}], "p.csv"))
