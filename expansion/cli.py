@@ -21,7 +21,7 @@ from infra.prefect_env import configure_local_prefect
 app = typer.Typer(
     help="Huge offline generation jobs on SGLang fleets, as a restartable Prefect flow.",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-console = Console()
+console = Console() if sys.stdout.isatty() else Console(width=160)
 err = Console(stderr=True)
 
 
@@ -147,12 +147,12 @@ def _print_launch_commands(settings: Any) -> None:
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
-    table = Table(title="servers", show_edge=False)
-    for col in ("url", "max_running_requests", "max_total_num_tokens", "max_mamba_cache_size"):
-        table.add_column(col)
+    table = Table(show_edge=False)
+    for col in ("server", "max_running_requests", "max_total_num_tokens", "mamba slots"):
+        table.add_column(col, overflow="fold")
     for srv in summary["servers"]:
-        table.add_row(*(str(srv[c]) for c in ("url", "max_running_requests",
-                                              "max_total_num_tokens", "max_mamba_cache_size")))
+        table.add_row(srv["url"].removeprefix("http://"), str(srv["max_running_requests"]),
+                      str(srv["max_total_num_tokens"]), str(srv["max_mamba_cache_size"]))
     console.print(
         f"[bold]done[/]: {summary['prompts_done_this_run']} prompts this run "
         f"({summary['already_committed']} were already committed, "
@@ -162,6 +162,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
         "time)")
     if summary["servers"]:
         console.print(table)
+    if summary.get("capacity_note"):
+        console.print(summary["capacity_note"])
     console.print(f"output: {summary['output']}")
 
 
@@ -244,6 +246,177 @@ def sim(
         pass
     finally:
         stop_fleet(handles, registry_for(out), settings.stop_grace_s)
+
+
+@app.command()
+def plan(
+    model: Annotated[str, typer.Option(help="Built-in profile (e.g. Qwen/Qwen3.6-27B, "
+                                       "qwen3-next-80b-a3b, qwen3-32b) or a HF config.json.")]
+    = "Qwen/Qwen3.6-27B",
+    gpu: Annotated[str, typer.Option(help="b200, rtx-pro-6000, h200, h100.")] = "rtx-pro-6000",
+    sglang_version: Annotated[str, typer.Option("--sglang-version",
+                                                help="SGLang release (or 'main').")] = "0.5.23",
+    mem_fraction_static: Annotated[float | None, typer.Option("--mem-fraction-static")] = None,
+    max_running_requests: Annotated[int | None, typer.Option("--max-running-requests")] = None,
+    max_total_tokens: Annotated[int | None, typer.Option("--max-total-tokens")] = None,
+    mamba_strategy: Annotated[str, typer.Option(
+        "--mamba-radix-cache-strategy", "--mamba-scheduler-strategy",
+        help="auto|no_buffer|extra_buffer|extra_buffer_lazy.")] = "auto",
+    max_mamba_cache_size: Annotated[int | None, typer.Option("--max-mamba-cache-size")] = None,
+    mamba_full_memory_ratio: Annotated[float | None, typer.Option(
+        "--mamba-full-memory-ratio")] = None,
+    mamba_ssm_dtype: Annotated[str | None, typer.Option("--mamba-ssm-dtype")] = None,
+    disable_overlap_schedule: Annotated[bool, typer.Option("--disable-overlap-schedule")]
+    = False,
+    disable_radix_cache: Annotated[bool, typer.Option("--disable-radix-cache")] = False,
+    speculative_algorithm: Annotated[str | None, typer.Option("--speculative-algorithm")]
+    = None,
+    speculative_num_steps: Annotated[int | None, typer.Option("--speculative-num-steps")]
+    = None,
+    speculative_eagle_topk: Annotated[int | None, typer.Option("--speculative-eagle-topk")]
+    = None,
+    speculative_num_draft_tokens: Annotated[int | None, typer.Option(
+        "--speculative-num-draft-tokens")] = None,
+    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype")] = "auto",
+    tp_size: Annotated[int, typer.Option("--tp-size")] = 1,
+    context_length: Annotated[int | None, typer.Option("--context-length")] = None,
+    page_size: Annotated[int | None, typer.Option("--page-size")] = None,
+    weights_gib: Annotated[float | None, typer.Option(
+        "--weights-gib", help="Weights per GPU at TP1 (for a config.json without index).")]
+    = None,
+    avg_context: Annotated[float, typer.Option(
+        help="Average tokens in context per running request, for tok/s.")] = 2048.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Predict SGLang's pools and caps for a model × GPU × flags, and the alternatives."""
+    from pydantic import ValidationError
+
+    from infra.sglang.flags import ServerFlags
+    from infra.sglang.planner import alternatives
+    from infra.sglang.profiles import gpu_profile, model_profile
+    from infra.sglang.versions import parse_version
+
+    try:
+        flags = ServerFlags.model_validate({
+            "mem_fraction_static": mem_fraction_static,
+            "max_running_requests": max_running_requests, "max_total_tokens": max_total_tokens,
+            "mamba_strategy": mamba_strategy, "max_mamba_cache_size": max_mamba_cache_size,
+            "mamba_full_memory_ratio": mamba_full_memory_ratio,
+            "mamba_ssm_dtype": mamba_ssm_dtype,
+            "disable_overlap_schedule": disable_overlap_schedule,
+            "disable_radix_cache": disable_radix_cache,
+            "speculative_algorithm": speculative_algorithm,
+            "speculative_num_steps": speculative_num_steps,
+            "speculative_eagle_topk": speculative_eagle_topk,
+            "speculative_num_draft_tokens": speculative_num_draft_tokens,
+            "kv_cache_dtype": kv_cache_dtype, "tp_size": tp_size,
+            "context_length": context_length, "page_size": page_size})
+        prof = model_profile(model, weights_gib)
+        card = gpu_profile(gpu)
+        version = parse_version(sglang_version)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        _fail(f"--{str(first['loc'][0]).replace('_', '-') if first['loc'] else 'flags'}: "
+              f"{first['msg'].removeprefix('Value error, ')} (got {first.get('input')!r})")
+        return
+    except ValueError as exc:
+        _fail(str(exc))
+        return
+    rows = alternatives(prof, card, flags, version, avg_context)
+    current = rows[0]
+    if as_json:
+        payload: dict[str, Any] = {"model": prof.name, "gpu": card.name,
+                                   "version": version.label}
+        if current.plan is None:
+            payload["error"] = current.error
+        else:
+            payload.update(current.plan.to_dict())
+            payload["tok_s_per_gpu"] = round(current.tok_s_per_gpu or 0.0, 1)
+        payload["alternatives"] = [
+            {"label": r.label, "error": r.error,
+             "mamba_slots": r.plan.mamba_slots if r.plan else None,
+             "max_running_requests": r.plan.max_running_requests if r.plan else None,
+             "max_total_num_tokens": r.plan.max_total_num_tokens if r.plan else None,
+             "binding_limit": r.plan.binding_limit if r.plan else None,
+             "tok_s_per_gpu": round(r.tok_s_per_gpu, 1) if r.tok_s_per_gpu else None}
+            for r in rows[1:]]
+        print(json.dumps(payload))
+        if current.plan is None:
+            raise typer.Exit(1)
+        return
+    if current.plan is None:
+        _fail(f"SGLang would refuse to start: {current.error}", code=1)
+        return
+    _print_plan(current.plan)
+    table = Table(show_edge=False, title="alternatives (one lever each)")
+    for col in ("change", "strategy", "mamba slots", "max_running_requests", "KV tokens",
+                "binds", "tok/s/GPU"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        if r.plan is None:
+            table.add_row(r.label, "-", "-", "-", "-", "refused", (r.error or "")[:60])
+            continue
+        table.add_row(r.label, r.plan.mamba_strategy, str(r.plan.mamba_slots or "-"),
+                      str(r.plan.max_running_requests), str(r.plan.max_total_num_tokens),
+                      r.plan.binding_limit, f"{r.tok_s_per_gpu:,.0f}")
+    console.print(table)
+
+
+@app.command()
+def inspect(
+    path: Annotated[Path, typer.Argument(help="A server log, a /server_info JSON body or a "
+                                         "/metrics dump.")],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per record.")]
+    = False,
+) -> None:
+    """Detect what a file holds (log, server_info, metrics), parse it, summarize it."""
+    from infra.sglang.observe import parse_any
+
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        _fail(f"{path}: cannot read: {exc.strerror}")
+        return
+    kind, records = parse_any(text)
+    if as_json:
+        for record in records:
+            print(json.dumps(record))
+        return
+    counts: dict[str, int] = {}
+    for record in records:
+        counts[record["kind"]] = counts.get(record["kind"], 0) + 1
+    console.print(f"{path}: {kind}, {len(records)} records "
+                  f"({', '.join(f'{v} {k}' for k, v in sorted(counts.items())) or 'none'})")
+    caps = [r for r in records if r["kind"] in ("startup", "server_info")]
+    merged: dict[str, Any] = {}
+    for r in caps:
+        merged.update({k: v for k, v in r.items() if v is not None and k != "kind"})
+    keys = ("max_total_num_tokens", "max_running_requests", "max_mamba_cache_size",
+            "context_len", "version")
+    if any(k in merged for k in keys):
+        console.print("capacity: " + ", ".join(f"{k}={merged[k]}" for k in keys if k in merged))
+    last = next((r for r in reversed(records) if r["kind"] in ("decode", "metrics")), None)
+    if last is not None:
+        shown = {k: v for k, v in last.items() if v is not None and k not in ("kind",)}
+        console.print(f"last {last['kind']}: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
+
+
+def _print_plan(p: Any) -> None:
+    console.print(f"[bold]{p.model}[/] on {p.gpu}, SGLang {p.version}: mem_fraction_static "
+                  f"{p.mem_fraction_static}, {p.weights_gib} GiB weights, "
+                  f"{p.rest_gib} GiB for pools")
+    if p.mamba_slots:
+        console.print(
+            f"mamba: {p.mamba_slots} slots × {p.per_slot_mib} MiB ({p.mamba_strategy}, "
+            f"{p.slot_ratio} slots per running request) — conv {p.conv_state_gib} GiB, "
+            f"ssm {p.ssm_state_gib} GiB, intermediate {p.intermediate_gib} GiB")
+    console.print(f"KV: {p.kv_cache_gib} GiB = {p.max_total_num_tokens} tokens")
+    cap = f"mamba {p.mamba_cap}, " if p.mamba_cap is not None else ""
+    console.print(f"max_running_requests = {p.max_running_requests} (caps: requested "
+                  f"{p.requested_running_requests}, {cap}KV {p.token_cap}) → binds: "
+                  f"[bold]{p.binding_limit}[/]")
+    for w in p.warnings:
+        console.print(f"[yellow]SGLang would log:[/] {w}")
 
 
 def main() -> None:

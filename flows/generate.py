@@ -19,7 +19,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.settings import JobSettings, load_settings
 from infra.ledger import ManifestEntry
-from tasks.capacity import Capacity, measure_capacity
+from tasks.capacity import Capacity, capacity_note, measure_capacity, predicted_plan
 from tasks.health import wait_healthy
 from tasks.servers import ServerHandle, launch_servers, registry_for, stop_fleet, stop_servers
 from tasks.shards import JobState, generate_shards, plan_shards
@@ -49,6 +49,9 @@ def summarize(settings: JobSettings, state: JobState, capacities: list[Capacity]
               output_tokens: int, completed: int, errors: int, seconds: float) -> dict[str, Any]:
     wall_tok_s = output_tokens / seconds if seconds > 0 else 0.0
     scale = settings.sim.time_scale if settings.engine == "sim" else 1.0
+    gpu = settings.sim.gpu if settings.engine == "sim" else settings.gpu_type
+    version = settings.sglang_version or (capacities[0].version if capacities else None)
+    plan = predicted_plan(settings.model, gpu, settings.server, version) if version else None
     return {
         "output": str(Path(settings.output).resolve()),
         "prompts_total": state.plan.input_rows,
@@ -62,6 +65,7 @@ def summarize(settings: JobSettings, state: JobState, capacities: list[Capacity]
         "servers": [{"url": c.url, "max_running_requests": c.max_running_requests,
                      "max_total_num_tokens": c.max_total_num_tokens,
                      "max_mamba_cache_size": c.max_mamba_cache_size} for c in capacities],
+        "capacity_note": capacity_note(plan, capacities),
     }
 
 

@@ -12,6 +12,9 @@ from prefect import task
 from pydantic import SecretStr
 
 from infra.sglang.client import ServerAnswerError, get_server_info
+from infra.sglang.flags import ServerFlags
+from infra.sglang.memory import MemoryPlan, plan_memory
+from infra.sglang.profiles import gpu_profile, model_profile
 from infra.sglang.server_info import parse_server_info
 from tasks.servers import ServerHandle
 
@@ -51,6 +54,30 @@ def client_limit(cap: Capacity, configured: int | None, queue_target: int) -> in
     if configured is not None:
         return configured
     return max(1, cap.max_running_requests + queue_target)
+
+
+def predicted_plan(model: str, gpu: str, flags: ServerFlags, version: str) -> MemoryPlan | None:
+    """The memory model's prediction for these flags, or None for a model without a profile."""
+    try:
+        return plan_memory(model_profile(model), gpu_profile(gpu), flags, version)
+    except ValueError:
+        return None
+
+
+def capacity_note(plan: MemoryPlan | None, capacities: list[Capacity]) -> str:
+    """One or two sentences: what binds concurrency, and whether the servers agree."""
+    if plan is None or not capacities:
+        return ""
+    caps = sorted({c.max_running_requests for c in capacities})
+    note = (f"concurrency cap {'/'.join(map(str, caps))} per server; the memory model predicts "
+            f"{plan.max_running_requests}, bound by the {plan.binding_limit} pool")
+    if plan.binding_limit == "mamba":
+        note += (f" ({plan.mamba_slots} mamba slots / {plan.slot_ratio} per request under "
+                 f"{plan.mamba_strategy}; KV holds {plan.max_total_num_tokens} tokens) — see "
+                 "`expansion plan` for the alternatives")
+    if len(caps) > 1:
+        note += "; servers differ: one GPU is not like the others"
+    return note + "."
 
 
 @task(name="measure_capacity", retries=3, retry_delay_seconds=[1, 2, 4])

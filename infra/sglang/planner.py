@@ -1,0 +1,95 @@
+"""What-if planning over server flags: the alternatives a user (or the tuning policy) weighs.
+
+Each alternative is the current flags with one lever moved (strategy, mamba share, mem
+fraction, MTP, SSM dtype) or the combined seed-000 move, evaluated with the memory model and
+the roofline, so they compare on predicted max_running_requests and tok/s per GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from infra.sglang.flags import ServerFlags
+from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
+from infra.sglang.profiles import GpuProfile, ModelProfile
+from infra.sglang.roofline import build_roofline
+from infra.sglang.versions import SGLangVersion
+
+MAX_MEM_FRACTION = 0.95  # above this, activations and CUDA graphs risk OOM at runtime
+
+
+@dataclass(frozen=True)
+class Alternative:
+    label: str
+    flags: ServerFlags
+    plan: MemoryPlan | None
+    tok_s_per_gpu: float | None
+    error: str | None = None
+
+
+def predict_tok_s(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags, plan: MemoryPlan,
+                  avg_context: float, running: int | None = None) -> float:
+    """Steady-state tok/s of one server with `running` (default: its cap) requests."""
+    n = plan.max_running_requests if running is None else min(running,
+                                                              plan.max_running_requests)
+    return build_roofline(model, gpu, flags, plan).tokens_per_s(n, avg_context)
+
+
+def evaluate(label: str, model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
+             version: SGLangVersion, avg_context: float) -> Alternative:
+    try:
+        plan = plan_memory(model, gpu, flags, version)
+    except PoolsDoNotFit as exc:
+        return Alternative(label, flags, None, None, str(exc))
+    return Alternative(label, flags, plan, predict_tok_s(model, gpu, flags, plan, avg_context))
+
+
+def candidate_flags(model: ModelProfile, flags: ServerFlags, current: MemoryPlan | None,
+                    ) -> list[tuple[str, ServerFlags]]:
+    """(label, flags) for each single-lever move that makes sense for this model."""
+    out: list[tuple[str, ServerFlags]] = []
+    ratio = flags.mamba_full_memory_ratio or 0.9
+    m = flags.mem_fraction_static or (current.mem_fraction_static if current else 0.85)
+    if model.hybrid:
+        strategy = current.mamba_strategy if current else flags.mamba_strategy
+        if strategy != "no_buffer":
+            out.append(("no_buffer", flags.with_changes(mamba_strategy="no_buffer",
+                                                        max_mamba_cache_size=None)))
+        if strategy != "extra_buffer":
+            out.append(("extra_buffer", flags.with_changes(mamba_strategy="extra_buffer",
+                                                           disable_overlap_schedule=False)))
+        if flags.max_mamba_cache_size is None:
+            out.append((f"mamba ratio {ratio:g}→{ratio * 1.5:g}",
+                        flags.with_changes(mamba_full_memory_ratio=round(ratio * 1.5, 3))))
+        else:
+            more = int(flags.max_mamba_cache_size * 1.5)
+            out.append((f"mamba slots {flags.max_mamba_cache_size}→{more}",
+                        flags.with_changes(max_mamba_cache_size=more)))
+        if flags.mamba_ssm_dtype in (None, "float32"):
+            out.append(("bf16 SSM state", flags.with_changes(mamba_ssm_dtype="bfloat16")))
+    if m + 0.05 <= MAX_MEM_FRACTION:
+        out.append((f"mem fraction {m:.2f}→{m + 0.05:.2f}",
+                    flags.with_changes(mem_fraction_static=round(m + 0.05, 3))))
+    if flags.speculative:
+        out.append(("MTP off", flags.with_changes(
+            speculative_algorithm=None, speculative_num_steps=None, speculative_eagle_topk=None,
+            speculative_num_draft_tokens=None)))
+    elif model.draft_layers:
+        out.append(("MTP on (EAGLE 3/1)", flags.with_changes(
+            speculative_algorithm="EAGLE", speculative_num_steps=3, speculative_eagle_topk=1,
+            mamba_strategy="extra_buffer" if model.hybrid else flags.mamba_strategy)))
+    if model.hybrid:
+        out.append(("seed-000 move: no_buffer, mem 0.90, MRR 128", flags.with_changes(
+            mamba_strategy="no_buffer", mem_fraction_static=max(m, 0.90),
+            max_running_requests=128, max_mamba_cache_size=None)))
+    return out
+
+
+def alternatives(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
+                 version: SGLangVersion, avg_context: float = 2048.0) -> list[Alternative]:
+    """The current flags first, then every candidate move, evaluated the same way."""
+    current = evaluate("current", model, gpu, flags, version, avg_context)
+    rows = [current]
+    for label, candidate in candidate_flags(model, flags, current.plan):
+        rows.append(evaluate(label, model, gpu, candidate, version, avg_context))
+    return rows
