@@ -138,7 +138,7 @@ def _print_launch_commands(settings: Any) -> None:
     from tasks.servers import build_launch_specs
 
     try:
-        specs = build_launch_specs(settings, Path(settings.output).resolve())
+        specs = build_launch_specs(settings, settings.local_output())
     except ValueError as exc:
         _fail(str(exc))
         return

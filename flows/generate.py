@@ -19,11 +19,12 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.settings import JobSettings, load_settings
 from infra.ledger import ManifestEntry
+from infra.storage import open_destination
 from tasks.capacity import Capacity, capacity_note, measure_capacity, predicted_plan
 from tasks.health import wait_healthy
 from tasks.servers import ServerHandle, launch_servers, registry_for, stop_fleet, stop_servers
 from tasks.shards import JobState, generate_shards, plan_shards
-from tasks.upload import upload
+from tasks.upload import ShardUploader, restore_from, upload
 
 
 def job_settings(prompts: str | None = None, output: str | None = None,
@@ -42,7 +43,7 @@ def _stop_fleet_hook(flow_: Any, flow_run: Any, state: Any) -> None:
         settings = job_settings(**params)
     except Exception:
         return
-    stop_fleet([], registry_for(Path(settings.output)), settings.stop_grace_s)
+    stop_fleet([], registry_for(settings.local_output()), settings.stop_grace_s)
 
 
 def summarize(settings: JobSettings, state: JobState, capacities: list[Capacity],
@@ -53,7 +54,7 @@ def summarize(settings: JobSettings, state: JobState, capacities: list[Capacity]
     version = settings.sglang_version or (capacities[0].version if capacities else None)
     plan = predicted_plan(settings.model, gpu, settings.server, version) if version else None
     return {
-        "output": str(Path(settings.output).resolve()),
+        "output": settings.upload_target() or str(settings.local_output()),
         "prompts_total": state.plan.input_rows,
         "prompts_done_this_run": completed,
         "errors_this_run": errors,
@@ -79,7 +80,15 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
     """Generate a completion for every prompt on a fleet of SGLang (or simulated) servers."""
     logger = get_run_logger()
     settings = job_settings(prompts, output, engine, gpus, model, config_file, overrides)
-    out = str(Path(settings.output).resolve())
+    out = str(settings.local_output())
+    target = settings.upload_target()
+    dest = None
+    if target:
+        dest = open_destination(target, settings.storage.endpoint_url, settings.storage.region,
+                                settings.storage.multipart_mb)
+        restored = restore_from(dest, Path(out))
+        if restored:
+            logger.info("restored %d committed shards from %s", restored, dest.label)
     state = plan_shards.with_options(cache_policy=NO_CACHE)(
         str(settings.prompts), out, settings.shard_size)
     logger.info("plan %s: %d prompts in %d shards, %d pending", state.plan.fingerprint,
@@ -89,6 +98,7 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
     started = time.monotonic()
     if state.pending:
         handles: list[ServerHandle] = []
+        uploader = ShardUploader(dest, Path(out)) if dest is not None else None
         try:
             handles = launch_servers.with_options(cache_policy=NO_CACHE)(settings, out)
             took = wait_healthy.with_options(cache_policy=NO_CACHE)(
@@ -100,7 +110,7 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
                 logger.info("%s: max_running_requests=%d max_total_num_tokens=%d "
                             "max_mamba_cache_size=%s", cap.url, cap.max_running_requests,
                             cap.max_total_num_tokens, cap.max_mamba_cache_size)
-            progress = _progress_reporter(state, logger)
+            progress = _progress_reporter(state, logger, uploader)
             stats = generate_shards.with_options(cache_policy=NO_CACHE)(
                 settings, state, capacities, progress)
             stats_tokens, stats_done, stats_errors = (stats.output_tokens, stats.completed,
@@ -111,8 +121,12 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
                     handles, out, settings.stop_grace_s)
                 logger.info("stopped %d servers (SIGKILLed: %s, ports still busy: %s)",
                             report.stopped, report.killed or "none", report.ports_busy or "none")
-    if settings.upload_to:
-        rep = upload.with_options(cache_policy=NO_CACHE)(out, settings.upload_to)
+            if uploader is not None and uploader.close():
+                logger.warning("%d shard uploads failed; the final upload retries them",
+                               uploader.failures)
+    if target:
+        rep = upload.with_options(cache_policy=NO_CACHE)(
+            out, target, settings.storage.endpoint_url, settings.storage.region)
         logger.info("upload to %s: %d new, %d already there", rep.destination, rep.uploaded,
                     rep.skipped)
     summary = summarize(settings, state, capacities, stats_tokens, stats_done, stats_errors,
@@ -121,7 +135,7 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
     return summary
 
 
-def _progress_reporter(state: JobState, logger: Any) -> Any:
+def _progress_reporter(state: JobState, logger: Any, uploader: ShardUploader | None) -> Any:
     total = state.plan.num_shards
     done = total - len(state.pending)
     artifact_id = create_progress_artifact(progress=100.0 * done / total,
@@ -130,6 +144,8 @@ def _progress_reporter(state: JobState, logger: Any) -> Any:
     counter = {"done": done, "tokens": 0, "t0": time.monotonic()}
 
     def on_commit(entry: ManifestEntry) -> None:
+        if uploader is not None:
+            uploader.submit(entry)
         counter["done"] += 1
         counter["tokens"] += entry.output_tokens
         elapsed = time.monotonic() - counter["t0"]

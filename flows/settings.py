@@ -59,10 +59,24 @@ class SimSettings(BaseModel):
     gpu: str = Field("rtx-pro-6000", description="GPU profile the simulator models")
     time_scale: float = Field(20.0, gt=0, le=100_000,
                               description="modeled GPU seconds per wall second")
-    startup_s: float = Field(1.0, ge=0, le=3600, description="wall seconds to become healthy")
+    startup_s: float | None = Field(
+        None, ge=0, le=3600,
+        description="wall seconds to become healthy; default: modeled (imports + weight load "
+        "+ graph capture) / time_scale")
     sglang_version: str = Field("0.5.23", description="SGLang release the simulator imitates")
     faults: dict[str, Any] = Field(default_factory=dict,
                                    description="fault injection, see infra/sim/config.py")
+
+
+class StorageSettings(BaseModel):
+    """Object storage for `output`/`upload_to` = s3://bucket/prefix (boto3 credential chain)."""
+
+    model_config = ConfigDict(extra="forbid")
+    endpoint_url: str | None = Field(None, description="S3-compatible endpoint (MinIO, R2, ...)")
+    region: str | None = Field(None, description="bucket region (default us-east-1)")
+    multipart_mb: int = Field(64, ge=5, le=5000, description="multipart threshold and part size")
+    staging_dir: str = Field("expansion-staging",
+                             description="local working copy when output is s3://")
 
 
 class JobSettings(BaseSettings):
@@ -74,8 +88,10 @@ class JobSettings(BaseSettings):
     )
 
     prompts: Path = Field(SAMPLE_PROMPTS, description="input: JSONL or Parquet with id + prompt")
-    output: str = Field("expansion-output", description="output folder (local path)")
-    upload_to: str | None = Field(None, description="copy committed shards here (a folder)")
+    output: str = Field("expansion-output",
+                        description="output folder, or s3://bucket/prefix (staged locally)")
+    upload_to: str | None = Field(None, description="also copy committed shards here "
+                                  "(s3://bucket/prefix or a folder)")
     engine: Literal["sim", "sglang"] = "sim"
     gpus: Annotated[list[int], NoDecode] = Field(default_factory=lambda: [0, 1], min_length=1,
                             description="GPU indices, one server per GPU")
@@ -90,6 +106,7 @@ class JobSettings(BaseSettings):
     client: ClientSettings = Field(default_factory=lambda: ClientSettings())
     sampling: SamplingSettings = Field(default_factory=lambda: SamplingSettings())
     sim: SimSettings = Field(default_factory=lambda: SimSettings())
+    storage: StorageSettings = Field(default_factory=lambda: StorageSettings())
     shard_size: int = Field(100, ge=1, le=10_000_000, description="prompts per output shard")
     startup_timeout_s: float = Field(900.0, gt=0, description="deadline for servers to be healthy")
     stop_grace_s: float = Field(30.0, ge=0, description="SIGTERM → SIGKILL grace period")
@@ -108,6 +125,25 @@ class JobSettings(BaseSettings):
     def _unique_gpus(cls, value: list[int]) -> list[int]:
         if len(set(value)) != len(value) or any(v < 0 for v in value):
             raise ValueError("GPU indices must be distinct and ≥ 0, e.g. 0,1,2")
+        return value
+
+    def local_output(self) -> Path:
+        """The folder that holds the ledger: `output`, or a staging copy of an s3:// output."""
+        if self.output.startswith("s3://"):
+            bucket_and_prefix = self.output.removeprefix("s3://").strip("/")
+            return (Path(self.storage.staging_dir) / bucket_and_prefix).resolve()
+        return Path(self.output).resolve()
+
+    def upload_target(self) -> str | None:
+        return self.output if self.output.startswith("s3://") else self.upload_to
+
+    @field_validator("output")
+    @classmethod
+    def _check_output(cls, value: str) -> str:
+        if "://" in value and not value.startswith("s3://"):
+            raise ValueError("use a folder path or s3://bucket/prefix")
+        if value.startswith("s3://") and not value.removeprefix("s3://").strip("/"):
+            raise ValueError("s3:// output needs a bucket: s3://bucket/prefix")
         return value
 
     @classmethod

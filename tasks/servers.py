@@ -92,10 +92,11 @@ def _sim_env(settings: JobSettings, version: SGLangVersion) -> dict[str, str]:
     env = {
         "EXPANSION_SIM_GPU": sim.gpu,
         "EXPANSION_SIM_TIME_SCALE": str(sim.time_scale),
-        "EXPANSION_SIM_STARTUP_S": str(sim.startup_s),
         "EXPANSION_SIM_SGLANG_VERSION": version.label,
         "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
     }
+    if sim.startup_s is not None:
+        env["EXPANSION_SIM_STARTUP_S"] = str(sim.startup_s)
     if sim.faults:
         env["EXPANSION_SIM_FAULTS"] = json.dumps(sim.faults)
     return env

@@ -1,46 +1,25 @@
-"""Copy committed shards to the destination, then the manifest last.
+"""Upload committed shards as they commit, then a final verified pass with the manifest last.
 
-Idempotent: a shard already at the destination with the same sha256 is skipped, so uploading
-after every resume costs only the new shards. The destination here is a folder; object
-storage plugs in behind the same `Destination` shape.
+Idempotent: an object whose stored sha256 equals the local file's is skipped, so uploading
+after every resume costs only new shards, and a shard interrupted mid-upload is simply sent
+again. The remote manifest is written last, so a reader never sees a manifest line whose
+shard is not there yet.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
+import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from prefect import task
 
-from infra.ledger import Ledger, file_sha256
+from infra.ledger import Ledger, ManifestEntry, file_sha256
+from infra.storage import Destination, StorageError, open_destination
 
-
-class Destination(Protocol):
-    def has(self, key: str, sha256: str) -> bool: ...
-    def put(self, source: Path, key: str) -> None: ...
-
-
-@dataclass(frozen=True)
-class FolderDestination:
-    """A local (or mounted) folder."""
-
-    root: Path
-
-    def has(self, key: str, sha256: str) -> bool:
-        target = self.root / key
-        return target.is_file() and file_sha256(target) == sha256
-
-    def put(self, source: Path, key: str) -> None:
-        target = self.root / key
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        shutil.copyfile(source, tmp)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -50,33 +29,96 @@ class UploadReport:
     destination: str
 
 
-def destination_for(target: str) -> FolderDestination:
-    if "://" in target and not target.startswith("file://"):
-        raise ValueError(f"upload_to: {target!r}: only folders are supported by this build; "
-                         "give a local path")
-    return FolderDestination(Path(target.removeprefix("file://")))
+def _entry_files(output: Path, entry: ManifestEntry) -> list[tuple[str, str]]:
+    files = [(entry.path, entry.sha256)]
+    if entry.error_path:
+        files.append((entry.error_path, file_sha256(output / entry.error_path)))
+    return files
 
 
-def upload_committed(output: Path, target: str) -> UploadReport:
+def upload_entry(dest: Destination, output: Path, entry: ManifestEntry) -> tuple[int, int]:
+    """(uploaded, skipped) for one committed shard."""
+    uploaded = skipped = 0
+    for key, digest in _entry_files(output, entry):
+        if dest.sha256_of(key) == digest:
+            skipped += 1
+        else:
+            dest.put(output / key, key, digest)
+            uploaded += 1
+    return uploaded, skipped
+
+
+def upload_committed(output: Path, dest: Destination) -> UploadReport:
+    """Make the destination hold every committed shard (verified by sha256), manifest last."""
     ledger = Ledger(output)
-    dest = destination_for(target)
     uploaded = skipped = 0
     for entry in sorted(ledger.committed().values(), key=lambda e: e.shard):
-        keys = [(entry.path, entry.sha256)]
-        if entry.error_path:
-            keys.append((entry.error_path, file_sha256(output / entry.error_path)))
-        for key, digest in keys:
-            if dest.has(key, digest):
-                skipped += 1
-            else:
-                dest.put(output / key, key)
-                uploaded += 1
-    for name in ("plan.json", "manifest.jsonl"):  # the manifest last: it vouches for shards
-        if (output / name).is_file():
-            dest.put(output / name, name)
-    return UploadReport(uploaded, skipped, str(dest.root))
+        up, skip = upload_entry(dest, output, entry)
+        uploaded += up
+        skipped += skip
+    for name in ("plan.json", "manifest.jsonl"):
+        path = output / name
+        if path.is_file():
+            dest.put(path, name, file_sha256(path))
+    return UploadReport(uploaded, skipped, dest.label)
 
 
-@task(name="upload", retries=3, retry_delay_seconds=[2, 8, 30])
-def upload(output: str, target: str) -> UploadReport:
-    return upload_committed(Path(output), target)
+def restore_from(dest: Destination, output: Path) -> int:
+    """Fill an empty local output from the destination (plan, manifest, shards): a resume on a
+    new machine. Returns the number of shards restored; 0 when the remote has nothing."""
+    if (output / "plan.json").exists():
+        return 0
+    plan = dest.get_bytes("plan.json")
+    manifest = dest.get_bytes("manifest.jsonl")
+    if plan is None or manifest is None:
+        return 0
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "manifest.jsonl").write_bytes(manifest)
+    ledger = Ledger(output)
+    restored = 0
+    for entry in ledger.committed().values():
+        for key, _ in [(entry.path, entry.sha256)] + ([(entry.error_path, "")]
+                                                      if entry.error_path else []):
+            data = dest.get_bytes(key)
+            if data is None:
+                raise StorageError(f"{dest.label}: manifest lists {key} but it is missing")
+            target = output / key
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        if file_sha256(output / entry.path) != entry.sha256:
+            raise StorageError(f"{dest.label}/{entry.path}: checksum differs from the manifest")
+        restored += 1
+    (output / "plan.json").write_bytes(plan)  # last: a half-restored folder has no plan
+    return restored
+
+
+class ShardUploader:
+    """Uploads each shard in the background as it commits; failures wait for the final pass."""
+
+    def __init__(self, dest: Destination, output: Path) -> None:
+        self.dest = dest
+        self.output = output
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="upload")
+        self._futures: list[Future[tuple[int, int]]] = []
+        self._lock = threading.Lock()
+        self.failures = 0
+
+    def submit(self, entry: ManifestEntry) -> None:
+        with self._lock:
+            self._futures.append(self._pool.submit(upload_entry, self.dest, self.output, entry))
+
+    def close(self) -> int:
+        """Wait for uploads in flight; return how many failed (the final pass redoes them)."""
+        self._pool.shutdown(wait=True)
+        for fut in self._futures:
+            exc = fut.exception()
+            if exc is not None:
+                self.failures += 1
+                log.warning("shard upload failed, the final pass will retry: %s", exc)
+        return self.failures
+
+
+@task(name="upload", retries=4, retry_delay_seconds=[2, 8, 30, 60])
+def upload(output: str, target: str, endpoint_url: str | None = None,
+           region: str | None = None) -> UploadReport:
+    return upload_committed(Path(output), open_destination(target, endpoint_url, region))

@@ -91,3 +91,48 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 def socket_closed(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A real S3 server (moto's server mode) on 127.0.0.1, with test credentials."""
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    port = free_port_block(1)
+    exe = Path(sys.executable).parent / "moto_server"
+    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url, timeout=1)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    else:
+        proc.kill()
+        raise RuntimeError("moto_server did not start")
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def bucket(s3_endpoint: str) -> str:
+    import uuid
+
+    import boto3
+
+    name = f"b-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(
+        Bucket=name)
+    return name

@@ -36,7 +36,7 @@ class SimConfig:
     gpu: str = "rtx-pro-6000"
     version: str = "0.5.23"
     time_scale: float = 1.0
-    startup_s: float = 1.0
+    startup_s: float | None = None  # None: modeled from the weights (see modeled_startup_s)
     seed: int = 0
     accept_len: float | None = None
     decode_log_interval: int = 40
@@ -108,7 +108,8 @@ def parse_sim_args(argv: list[str], env: dict[str, str] | None = None) -> SimCon
         gpu=env.get("EXPANSION_SIM_GPU", "rtx-pro-6000"),
         version=env.get("EXPANSION_SIM_SGLANG_VERSION", "0.5.23"),
         time_scale=float(env.get("EXPANSION_SIM_TIME_SCALE", "1")),
-        startup_s=float(env.get("EXPANSION_SIM_STARTUP_S", "1")),
+        startup_s=float(env["EXPANSION_SIM_STARTUP_S"]) if env.get("EXPANSION_SIM_STARTUP_S")
+        else None,
         seed=int(env.get("EXPANSION_SIM_SEED", "0")),
         accept_len=float(accept) if accept else None,
         decode_log_interval=ns.decode_log_interval,

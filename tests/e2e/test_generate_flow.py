@@ -100,3 +100,25 @@ def test_cli_bad_setting_is_one_clear_line() -> None:
 def test_bundled_sample_has_500_plus_prompts() -> None:
     frame = pl.read_ndjson(ROOT / "flows" / "data" / "sample_prompts.jsonl")
     assert frame.height >= 500 and frame["id"].n_unique() == frame.height
+
+
+@pytest.mark.slow
+def test_output_straight_to_s3(prefect_api: None, tmp_path: Path, s3_endpoint: str,
+                               bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import boto3
+
+    from flows.generate import generate
+
+    monkeypatch.chdir(tmp_path)  # the staging copy lands under ./expansion-staging
+    src = prompts(tmp_path / "p.jsonl", 120)
+    summary = generate(prompts=str(src), output=f"s3://{bucket}/jobs/a", gpus=[0],
+                       overrides=overrides(**{"storage.endpoint_url": s3_endpoint}))
+    assert summary["output"] == f"s3://{bucket}/jobs/a"
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    manifest = s3.get_object(Bucket=bucket, Key="jobs/a/manifest.jsonl")["Body"].read()
+    entries = [json.loads(line) for line in manifest.decode().splitlines()]
+    assert sum(e["rows"] for e in entries) == 120
+    for e in entries:
+        head = s3.head_object(Bucket=bucket, Key=f"jobs/a/{e['path']}")
+        assert head["Metadata"]["sha256"] == e["sha256"]
+    assert (tmp_path / "expansion-staging" / bucket / "jobs" / "a" / "plan.json").is_file()
