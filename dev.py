@@ -46,7 +46,8 @@ def main(argv: list[str]) -> int:
         run = [*cmd, "run", "--frozen", "expansion", "run", "--output", str(DEMO_OUTPUT),
                *argv[1:]]
     else:
-        run = [*cmd, "run", "--frozen", "pytest", *(argv[1:] or ["-n", "2"])]
+        default = ["-n", "2", "--dist", "loadgroup"]
+        run = [*cmd, "run", "--frozen", "pytest", *(argv[1:] or default)]
     return subprocess.run(run, cwd=ROOT, env=env).returncode
 
 

@@ -401,6 +401,21 @@ def inspect(
         console.print(f"last {last['kind']}: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
 
 
+@app.command()
+def export(
+    output: Annotated[Path, typer.Argument(help="An output folder.")],
+    to: Annotated[Path, typer.Option("--to", help="File to write (JSONL).")],
+    model: Annotated[str, typer.Option(help="Model name to put in each response.")] = "model",
+) -> None:
+    """Export completions as OpenAI batch output JSONL, keyed by custom_id (= input id)."""
+    from infra.export import export_openai_batch
+
+    if not (output / "plan.json").is_file():
+        _fail(f"{output} has no plan.json: not an expansion output folder")
+    count = export_openai_batch(output, to, model)
+    console.print(f"wrote {count} lines to {to}")
+
+
 def _print_plan(p: Any) -> None:
     console.print(f"[bold]{p.model}[/] on {p.gpu}, SGLang {p.version}: mem_fraction_static "
                   f"{p.mem_fraction_static}, {p.weights_gib} GiB weights, "

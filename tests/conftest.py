@@ -136,3 +136,49 @@ def bucket(s3_endpoint: str) -> str:
     boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(
         Bucket=name)
     return name
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A real `prefect server start` (SQLite) on 127.0.0.1; yields the env to talk to it."""
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    home = tmp_path_factory.mktemp("prefect-server-home")
+    port = free_port_block(1)
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_API_HOST": "127.0.0.1",
+           "PREFECT_SERVER_API_PORT": str(port), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+           "PREFECT_LOGGING_TO_API_BATCH_INTERVAL": "0.5"}
+    env.pop("PREFECT_API_KEY", None)
+    exe = Path(sys.executable).parent / "prefect"
+    log = open(home / "server.log", "wb")  # noqa: SIM115 - closed after the server stops
+    proc = subprocess.Popen([str(exe), "server", "start"], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError((home / "server.log").read_text()[-3000:])
+        time.sleep(0.5)
+    else:
+        proc.kill()
+        raise RuntimeError("prefect server did not become healthy in 180 s")
+    try:
+        yield {k: v for k, v in env.items() if k.startswith("PREFECT_")}
+    finally:
+        import signal as _signal
+
+        os.killpg(proc.pid, _signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, _signal.SIGKILL)
+        log.close()

@@ -85,3 +85,27 @@ def test_pending_shards_stream_in_order_skipping_committed(tmp_path: Path) -> No
     plan = make_plan(validate_input(prompts), 3)
     got = [(s, [r["id"] for r in rows]) for s, rows in iter_pending_shards(plan, [0, 2])]
     assert got == [(0, ["p0", "p1", "p2"]), (2, ["p6"])]
+
+
+def test_openai_batch_export_has_one_line_per_input(tmp_path: Path) -> None:
+    from infra.export import export_openai_batch
+
+    prompts = write_prompts(tmp_path / "a.jsonl", 4)
+    state = prepare_job(prompts, tmp_path / "out", 2)
+    ledger = Ledger(tmp_path / "out")
+    ledger.commit_shard(state.plan, 0, [{"id": "p0", "completion": "a", "finish_reason": "stop",
+                                         "prompt_tokens": 2, "completion_tokens": 1},
+                                        {"id": "p1", "completion": "b", "finish_reason": "length",
+                                         "prompt_tokens": 2, "completion_tokens": 5}], [])
+    ledger.commit_shard(state.plan, 1, [{"id": "p2", "completion": "c", "finish_reason": "stop",
+                                         "prompt_tokens": 2, "completion_tokens": 1}],
+                        [{"id": "p3", "error": "HTTP 400: too long", "attempts": 1}])
+    target = tmp_path / "batch_output.jsonl"
+    assert export_openai_batch(tmp_path / "out", target, "m") == 4
+    lines = [json.loads(line) for line in target.read_text().splitlines()]
+    by_id = {line["custom_id"]: line for line in lines}
+    assert set(by_id) == {"p0", "p1", "p2", "p3"}
+    ok = by_id["p1"]["response"]["body"]
+    assert ok["choices"][0]["message"]["content"] == "b"
+    assert ok["choices"][0]["finish_reason"] == "length" and ok["usage"]["total_tokens"] == 7
+    assert by_id["p3"]["response"] is None and "too long" in by_id["p3"]["error"]["message"]

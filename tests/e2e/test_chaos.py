@@ -1,0 +1,97 @@
+"""Exactly once under SIGKILL: kill the generating process at random moments, resume each time.
+
+The run goes through the real CLI and a real Prefect server, with servers as real processes
+and uploads to a real S3 endpoint. At the end every id appears exactly once, locally and in
+the bucket, and the completions equal an uninterrupted run's (the simulator is deterministic).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import boto3
+import polars as pl
+import pytest
+
+from infra.ledger import Ledger
+from tests.conftest import free_port_block
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPTS = 5000
+KILLS = 20
+
+
+def run_cli(out: str, src: Path, env: dict[str, str], port: int, s3: str | None,
+            kill_after: float | None, time_scale: float = 2.0) -> int | None:
+    args = [sys.executable, "-m", "expansion.cli", "run", "--prompts", str(src),
+            "--output", out, "--gpus", "0,1", "--shard-size", "100", "--max-new-tokens", "24",
+            "--time-scale", str(time_scale), "--set", f"base_port={port}",
+            "--set", "sim.startup_s=0.1", "--set", "stop_grace_s=3"]
+    if s3:
+        args += ["--upload-to", s3]
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    if kill_after is None:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err.decode()[-3000:]
+        return proc.returncode
+    try:
+        proc.wait(timeout=kill_after)
+        return proc.returncode  # finished before the kill
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return None
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("prefect_server")
+def test_sigkill_at_random_moments_loses_and_duplicates_nothing(
+        prefect_server: dict[str, str], s3_endpoint: str, bucket: str,
+        tmp_path: Path) -> None:
+    src = tmp_path / "prompts.jsonl"
+    src.write_text("".join(json.dumps({"id": f"c{i:05d}", "prompt": f"chaos prompt {i}"}) + "\n"
+                           for i in range(PROMPTS)))
+    env = {**os.environ, **prefect_server, "EXPANSION_STORAGE__ENDPOINT_URL": s3_endpoint}
+    rng = random.Random(1234)
+    chaos_out = str(tmp_path / "chaos")
+    target = f"s3://{bucket}/chaos"
+    kills = 0
+    progress = []
+    while kills < KILLS:
+        code = run_cli(chaos_out, src, env, free_port_block(2), target,
+                       kill_after=rng.uniform(3.0, 7.0))
+        if code is not None:
+            break  # it finished between two kills
+        kills += 1
+        progress.append(sum(e.rows + e.errors for e in Ledger(Path(chaos_out)).committed()
+                            .values()) if Path(chaos_out, "plan.json").exists() else 0)
+    run_cli(chaos_out, src, env, free_port_block(2), target, kill_after=None, time_scale=400)
+    assert kills == KILLS, f"only {kills} kills landed before the run finished"
+    assert progress[-1] > progress[0], "no shard was committed between kills"
+
+    chaos = Ledger(Path(chaos_out)).read_completions()
+    assert chaos.height == PROMPTS and chaos["id"].n_unique() == PROMPTS
+
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    remote_ids: list[str] = []
+    manifest = s3.get_object(Bucket=bucket, Key="chaos/manifest.jsonl")["Body"].read()
+    for line in manifest.decode().splitlines():
+        entry = json.loads(line)
+        body = s3.get_object(Bucket=bucket, Key=f"chaos/{entry['path']}")["Body"].read()
+        remote_ids += pl.read_parquet(body)["id"].to_list()
+    assert len(remote_ids) == PROMPTS and len(set(remote_ids)) == PROMPTS
+
+    clean_out = str(tmp_path / "clean")
+    run_cli(clean_out, src, env, free_port_block(2), None, kill_after=None, time_scale=400)
+    clean = Ledger(Path(clean_out)).read_completions()
+    cols = ["id", "completion", "finish_reason", "completion_tokens"]
+    assert chaos.sort("id").select(cols).equals(clean.sort("id").select(cols))
+    time.sleep(0.1)
