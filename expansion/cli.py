@@ -5,10 +5,12 @@ Prefect is imported lazily so `expansion plan --help` and friends stay fast.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -126,12 +128,65 @@ def run(
     from tasks.servers import LaunchError
 
     try:
-        summary = generate(prompts=prompts_path, output=output, engine=engine, gpus=gpu_list,
-                           model=model, config_file=config_file, overrides=overrides)
+        with _manifest_progress(settings.local_output()):
+            summary = generate(prompts=prompts_path, output=output, engine=engine,
+                               gpus=gpu_list, model=model, config_file=config_file,
+                               overrides=overrides)
     except (InputError, PlanMismatch, LaunchError, ServerStartFailed, ValueError) as exc:
         _fail(str(exc), code=1)
         return
     _print_summary(summary)
+
+
+@contextlib.contextmanager
+def _manifest_progress(output: Path) -> Iterator[None]:
+    """A rich progress bar fed by the manifest (the same truth `expansion status` reads)."""
+    import threading
+
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from infra.ledger import Ledger
+
+    done = threading.Event()
+    ledger = Ledger(output)
+
+    def watch(progress: Progress) -> None:
+        task_id = None
+        t0, tokens0 = time.monotonic(), None
+        while not done.wait(0.5):
+            try:
+                plan = ledger.load_plan()
+                committed = ledger.committed()
+            except (FileNotFoundError, ValueError, TypeError):
+                continue
+            tokens = sum(e.output_tokens for e in committed.values())
+            tokens0 = tokens if tokens0 is None else tokens0
+            rate = (tokens - tokens0) / max(time.monotonic() - t0, 1e-9)
+            if task_id is None:
+                task_id = progress.add_task("shards", total=plan.num_shards)
+            progress.update(task_id, completed=len(committed),
+                            description=f"shards · {rate:,.0f} tok/s")
+
+    if not sys.stderr.isatty():
+        yield
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=err,
+                  transient=True) as progress:
+        thread = threading.Thread(target=watch, args=(progress,), daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join(timeout=2)
 
 
 def _print_launch_commands(settings: Any) -> None:

@@ -14,7 +14,11 @@ from typing import Any
 from uuid import UUID
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.artifacts import (
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 from prefect.cache_policies import NO_CACHE
 
 from flows.settings import JobSettings, load_settings
@@ -106,6 +110,14 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
             logger.info("%d servers healthy after %.1f s", len(handles), took)
             capacities = measure_capacity.with_options(cache_policy=NO_CACHE)(
                 handles, settings.api_key)
+            create_table_artifact(
+                key="fleet-capacity", description="servers: config and measured capacity",
+                table=[{"server": c.url, "config": c.config, "sglang": c.version,
+                        "max_running_requests": c.max_running_requests,
+                        "max_total_num_tokens": c.max_total_num_tokens,
+                        "max_mamba_cache_size": c.max_mamba_cache_size,
+                        **settings.server.model_dump(exclude={"extra_args"},
+                                                     exclude_none=True)} for c in capacities])
             for cap in capacities:
                 logger.info("%s: max_running_requests=%d max_total_num_tokens=%d "
                             "max_mamba_cache_size=%s", cap.url, cap.max_running_requests,
@@ -138,10 +150,12 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
 def _progress_reporter(state: JobState, logger: Any, uploader: ShardUploader | None) -> Any:
     total = state.plan.num_shards
     done = total - len(state.pending)
-    artifact_id = create_progress_artifact(progress=100.0 * done / total,
-                                           description="committed shards / planned shards")
+    artifact_id = create_progress_artifact(
+        progress=100.0 * done / total, key="generate-progress",
+        description=f"{done}/{total} shards committed")
     assert isinstance(artifact_id, UUID)  # sync context: not a coroutine
     counter = {"done": done, "tokens": 0, "t0": time.monotonic()}
+    last_update = [0.0]
 
     def on_commit(entry: ManifestEntry) -> None:
         if uploader is not None:
@@ -150,7 +164,15 @@ def _progress_reporter(state: JobState, logger: Any, uploader: ShardUploader | N
         counter["tokens"] += entry.output_tokens
         elapsed = time.monotonic() - counter["t0"]
         tok_s = counter["tokens"] / elapsed if elapsed > 0 else 0.0
-        update_progress_artifact(artifact_id, progress=100.0 * counter["done"] / total)
+        this_run = counter["done"] - done
+        eta = elapsed / this_run * (total - counter["done"]) if this_run else 0.0
+        now = time.monotonic()
+        if now - last_update[0] > 2.0 or counter["done"] == total:  # keep API calls coarse
+            last_update[0] = now
+            update_progress_artifact(
+                artifact_id, progress=100.0 * counter["done"] / total,
+                description=f"{counter['done']}/{total} shards, {tok_s:,.0f} tok/s (wall), "
+                f"ETA {eta / 60:.1f} min")
         logger.info("shard %d committed (%d rows, %d errors) — %d/%d shards, %.0f tok/s",
                     entry.shard, entry.rows, entry.errors, counter["done"], total, tok_s)
 

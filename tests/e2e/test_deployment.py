@@ -1,0 +1,117 @@
+"""`prefect deployment run generate/expansion` on a real Prefect server with a process worker,
+and cancellation from the CLI leaving no server process and no busy port."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from infra.ledger import Ledger
+from infra.processes import ProcessRegistry, is_alive, port_is_free
+from tests.conftest import free_port_block
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFECT = str(Path(sys.executable).parent / "prefect")
+POOL = "gpu-local"
+
+
+def prefect(env: dict[str, str], *args: str, timeout: float = 300) -> str:
+    proc = subprocess.run([PREFECT, *args], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, f"prefect {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def worker(prefect_server: dict[str, str], tmp_path_factory: pytest.TempPathFactory,
+           ) -> Iterator[dict[str, str]]:
+    env = {**os.environ, **prefect_server, "EXPANSION_REPO": str(ROOT),
+           "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+           "EXPANSION_SIM__STARTUP_S": "0.2", "EXPANSION_STOP_GRACE_S": "5",
+           "EXPANSION_SAMPLING__MAX_NEW_TOKENS": "32"}
+    subprocess.run([PREFECT, "work-pool", "create", POOL, "--type", "process"], env=env,
+                   cwd=ROOT, capture_output=True, timeout=120)
+    prefect(env, "--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml")
+    log = open(tmp_path_factory.mktemp("worker") / "worker.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen([PREFECT, "worker", "start", "--pool", POOL, "--limit", "1"],
+                            env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        yield env
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)  # workers stop cleanly on SIGINT, not SIGTERM
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def write_prompts(path: Path, n: int) -> Path:
+    path.write_text("".join(json.dumps({"id": f"d{i}", "prompt": f"deploy {i}"}) + "\n"
+                            for i in range(n)))
+    return path
+
+
+def run_params(out: Path, src: Path, port: int, time_scale: float) -> list[str]:
+    overrides = {"base_port": port, "sim.time_scale": time_scale, "shard_size": 50}
+    return ["--param", f"output={out}", "--param", f"prompts={src}",
+            "--param", "gpus=[0, 1]", "--param", f"overrides={json.dumps(overrides)}"]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("prefect_server")
+def test_deployment_run_completes_through_a_worker(worker: dict[str, str],
+                                                   tmp_path: Path) -> None:
+    src = write_prompts(tmp_path / "p.jsonl", 300)
+    out = tmp_path / "out"
+    text = prefect(worker, "deployment", "run", "generate/expansion",
+                   *run_params(out, src, free_port_block(2), 400.0), "--watch",
+                   "--watch-interval", "1", timeout=400)
+    assert "Completed" in text
+    frame = Ledger(out).read_completions()
+    assert frame.height == 300 and frame["id"].n_unique() == 300
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("prefect_server")
+def test_cancel_from_the_cli_leaves_no_server_behind(worker: dict[str, str],
+                                                     tmp_path: Path) -> None:
+    src = write_prompts(tmp_path / "p.jsonl", 3000)
+    out = tmp_path / "out"
+    port = free_port_block(2)
+    text = prefect(worker, "deployment", "run", "generate/expansion",
+                   *run_params(out, src, port, 1.0))
+    run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", text)
+    assert run_id, text
+    registry = ProcessRegistry(out / "servers" / "registry.json")
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not (
+            len(registry.load()) == 2 and (out / "manifest.jsonl").exists()):
+        time.sleep(0.5)
+    records = registry.load()
+    assert len(records) == 2, "the servers never came up"
+    prefect(worker, "flow-run", "cancel", run_id[1])
+    api = worker["PREFECT_API_URL"]
+    state = None
+    while time.monotonic() < deadline:
+        state = httpx.get(f"{api}/flow_runs/{run_id[1]}").json()["state"]["type"]
+        if state == "CANCELLED":
+            break
+        time.sleep(0.5)
+    assert state == "CANCELLED"
+    gone_by = time.monotonic() + 30
+    while time.monotonic() < gone_by and any(is_alive(r.pid) for r in records):
+        time.sleep(0.2)
+    assert not any(is_alive(r.pid) for r in records)
+    assert port_is_free("127.0.0.1", port) and port_is_free("127.0.0.1", port + 1)
