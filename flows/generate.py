@@ -1,31 +1,49 @@
 """The `generate` flow: the seeds' manual loop as one restartable Prefect flow.
 
-plan shards → launch servers → wait healthy → measure capacity → generate shards → stop →
-upload. The output folder's manifest is the ledger, so rerunning the flow (or retrying a
-crashed run) resumes where it stopped. The fleet is stopped on every exit path: `finally`
-for errors, hooks for cancellation and crashes, PDEATHSIG if this process dies.
+plan shards → [launch servers → wait healthy → measure capacity → generate shards (watched)
+→ stop] → upload. When the watch finds a better configuration (or a regression, or a slower
+config to roll back), the bracket repeats with new flags: drain, stop, relaunch, resume. The
+output folder's manifest is the only ledger, so a rerun of the flow resumes where it stopped.
+The fleet is stopped on every exit path: `finally` for errors, hooks for cancellation and
+crashes, PDEATHSIG if this process dies.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import (
+    create_markdown_artifact,
     create_progress_artifact,
     create_table_artifact,
     update_progress_artifact,
 )
 from prefect.cache_policies import NO_CACHE
 
+from flows.report import write_report
 from flows.settings import JobSettings, load_settings
 from infra.ledger import ManifestEntry
-from infra.storage import open_destination
-from tasks.capacity import Capacity, capacity_note, measure_capacity, predicted_plan
-from tasks.health import wait_healthy
+from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
+from infra.sglang.planner import MAX_MEM_FRACTION
+from infra.sglang.profiles import GpuProfile, ModelProfile, gpu_profile, model_profile
+from infra.sglang.versions import SGLangVersion, parse_version
+from infra.storage import Destination, open_destination
+from tasks.capacity import Capacity, capacity_note, measure_capacity
+from tasks.health import ServerStartFailed, wait_healthy
+from tasks.monitor import FleetMonitor
+from tasks.regression import (
+    RegressionWatch,
+    TuningLedger,
+    WatchResult,
+    config_key,
+    propose,
+    restart_on_regression,
+)
 from tasks.servers import ServerHandle, launch_servers, registry_for, stop_fleet, stop_servers
 from tasks.shards import JobState, generate_shards, plan_shards
 from tasks.upload import ShardUploader, restore_from, upload
@@ -35,9 +53,11 @@ def job_settings(prompts: str | None = None, output: str | None = None,
                  engine: str | None = None, gpus: list[int] | None = None,
                  model: str | None = None, config_file: str | None = None,
                  overrides: dict[str, Any] | None = None) -> JobSettings:
-    """Flow parameters → settings (explicit parameters win over file and environment)."""
-    return load_settings(config_file, prompts=prompts, output=output, engine=engine, gpus=gpus,
-                         model=model, **(overrides or {}))
+    """Flow parameters → settings (explicit parameters win over overrides, file and env)."""
+    explicit = {"prompts": prompts, "output": output, "engine": engine, "gpus": gpus,
+                "model": model}
+    merged = {**(overrides or {}), **{k: v for k, v in explicit.items() if v is not None}}
+    return load_settings(config_file, **merged)
 
 
 def _stop_fleet_hook(flow_: Any, flow_run: Any, state: Any) -> None:
@@ -50,27 +70,75 @@ def _stop_fleet_hook(flow_: Any, flow_run: Any, state: Any) -> None:
     stop_fleet([], registry_for(settings.local_output()), settings.stop_grace_s)
 
 
-def summarize(settings: JobSettings, state: JobState, capacities: list[Capacity],
-              output_tokens: int, completed: int, errors: int, seconds: float) -> dict[str, Any]:
-    wall_tok_s = output_tokens / seconds if seconds > 0 else 0.0
+@dataclass
+class RunTotals:
+    """Counted from commits (what the ledger holds), not from answers: a shard cut short by
+    a restart is redone, and its first answers are not counted twice."""
+
+    tokens: int = 0
+    done: int = 0
+    errors: int = 0
+    answers: int = 0  # every answer received, including those of shards redone after a drain
+    capacities: list[Capacity] = field(default_factory=list)
+    cycles: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the policy needs to reason about a configuration; None parts disable tuning."""
+
+    model: ModelProfile | None
+    gpu: GpuProfile | None
+    version: SGLangVersion | None
+    time_scale: float
+
+    def plan(self, settings: JobSettings) -> MemoryPlan | None:
+        """The memory model's view of the current flags (None without profiles)."""
+        if self.model is None or self.gpu is None or self.version is None:
+            return None
+        try:
+            return plan_memory(self.model, self.gpu, settings.server, self.version)
+        except PoolsDoNotFit:
+            return None
+
+
+def hardware_of(settings: JobSettings, server_version: str | None) -> Hardware:
+    gpu_name = settings.sim.gpu if settings.engine == "sim" else settings.gpu_type
+    version_text = settings.sglang_version or server_version
+    try:
+        model = model_profile(settings.model)
+        gpu = gpu_profile(gpu_name)
+        version = parse_version(version_text) if version_text else None
+    except ValueError:
+        model = gpu = version = None  # type: ignore[assignment]
     scale = settings.sim.time_scale if settings.engine == "sim" else 1.0
-    gpu = settings.sim.gpu if settings.engine == "sim" else settings.gpu_type
-    version = settings.sglang_version or (capacities[0].version if capacities else None)
-    plan = predicted_plan(settings.model, gpu, settings.server, version) if version else None
+    return Hardware(model, gpu, version, scale)
+
+
+def summarize(settings: JobSettings, state: JobState, totals: RunTotals,
+              seconds: float) -> dict[str, Any]:
+    caps = totals.capacities
+    wall_tok_s = totals.tokens / seconds if seconds > 0 else 0.0
+    hw = hardware_of(settings, caps[0].version if caps else None)
+    plan = hw.plan(settings) if caps else None
     return {
         "output": settings.upload_target() or str(settings.local_output()),
         "prompts_total": state.plan.input_rows,
-        "prompts_done_this_run": completed,
-        "errors_this_run": errors,
+        "prompts_done_this_run": totals.done,
+        "errors_this_run": totals.errors,
         "already_committed": state.committed_rows,
-        "output_tokens": output_tokens,
+        "output_tokens": totals.tokens,
         "seconds": round(seconds, 2),
         "tok_s": round(wall_tok_s, 1),
-        "tok_s_modeled_gpu_time": round(wall_tok_s / scale, 1),
+        "tok_s_modeled_gpu_time": round(wall_tok_s / hw.time_scale, 1),
         "servers": [{"url": c.url, "max_running_requests": c.max_running_requests,
                      "max_total_num_tokens": c.max_total_num_tokens,
-                     "max_mamba_cache_size": c.max_mamba_cache_size} for c in capacities],
-        "capacity_note": capacity_note(plan, capacities),
+                     "max_mamba_cache_size": c.max_mamba_cache_size} for c in caps],
+        "capacity_note": capacity_note(plan, caps),
+        "restarts": len(totals.cycles),
+        "answers_redone_after_drains": max(0, totals.answers - totals.done - totals.errors),
+        "final_server_flags": settings.server.model_dump(exclude_none=True,
+                                                         exclude={"extra_args"}),
     }
 
 
@@ -84,99 +152,208 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
     """Generate a completion for every prompt on a fleet of SGLang (or simulated) servers."""
     logger = get_run_logger()
     settings = job_settings(prompts, output, engine, gpus, model, config_file, overrides)
-    out = str(settings.local_output())
+    out = settings.local_output()
     target = settings.upload_target()
-    dest = None
+    dest: Destination | None = None
     if target:
         dest = open_destination(target, settings.storage.endpoint_url, settings.storage.region,
                                 settings.storage.multipart_mb)
-        restored = restore_from(dest, Path(out))
+        restored = restore_from(dest, out)
         if restored:
             logger.info("restored %d committed shards from %s", restored, dest.label)
     state = plan_shards.with_options(cache_policy=NO_CACHE)(
-        str(settings.prompts), out, settings.shard_size)
+        str(settings.prompts), str(out), settings.shard_size)
     logger.info("plan %s: %d prompts in %d shards, %d pending", state.plan.fingerprint,
                 state.plan.input_rows, state.plan.num_shards, len(state.pending))
-    capacities: list[Capacity] = []
-    stats_tokens = stats_done = stats_errors = 0
+    initial = state
+    totals = RunTotals()
     started = time.monotonic()
+    monitor = FleetMonitor(settings.tuning.sample_interval_s,
+                           settings.api_key.get_secret_value() if settings.api_key else None)
     if state.pending:
-        handles: list[ServerHandle] = []
-        uploader = ShardUploader(dest, Path(out)) if dest is not None else None
+        monitor.start()
         try:
-            handles = launch_servers.with_options(cache_policy=NO_CACHE)(settings, out)
-            took = wait_healthy.with_options(cache_policy=NO_CACHE)(
-                handles, settings.api_key, settings.startup_timeout_s)
-            logger.info("%d servers healthy after %.1f s", len(handles), took)
-            capacities = measure_capacity.with_options(cache_policy=NO_CACHE)(
-                handles, settings.api_key)
-            create_table_artifact(
-                key="fleet-capacity", description="servers: config and measured capacity",
-                table=[{"server": c.url, "config": c.config, "sglang": c.version,
-                        "max_running_requests": c.max_running_requests,
-                        "max_total_num_tokens": c.max_total_num_tokens,
-                        "max_mamba_cache_size": c.max_mamba_cache_size,
-                        **settings.server.model_dump(exclude={"extra_args"},
-                                                     exclude_none=True)} for c in capacities])
-            for cap in capacities:
-                logger.info("%s: max_running_requests=%d max_total_num_tokens=%d "
-                            "max_mamba_cache_size=%s", cap.url, cap.max_running_requests,
-                            cap.max_total_num_tokens, cap.max_mamba_cache_size)
-            progress = _progress_reporter(state, logger, uploader)
-            stats = generate_shards.with_options(cache_policy=NO_CACHE)(
-                settings, state, capacities, progress)
-            stats_tokens, stats_done, stats_errors = (stats.output_tokens, stats.completed,
-                                                      stats.errors)
+            settings = _run_epochs(settings, state, out, dest, monitor, totals, logger)
         finally:
-            if handles:
-                report = stop_servers.with_options(cache_policy=NO_CACHE)(
-                    handles, out, settings.stop_grace_s)
-                logger.info("stopped %d servers (SIGKILLed: %s, ports still busy: %s)",
-                            report.stopped, report.killed or "none", report.ports_busy or "none")
-            if uploader is not None and uploader.close():
-                logger.warning("%d shard uploads failed; the final upload retries them",
-                               uploader.failures)
+            monitor.stop()
+            monitor.write(out / "monitor" / f"metrics-{int(time.time())}.parquet")
     if target:
         rep = upload.with_options(cache_policy=NO_CACHE)(
-            out, target, settings.storage.endpoint_url, settings.storage.region)
+            str(out), target, settings.storage.endpoint_url, settings.storage.region)
         logger.info("upload to %s: %d new, %d already there", rep.destination, rep.uploaded,
                     rep.skipped)
-    summary = summarize(settings, state, capacities, stats_tokens, stats_done, stats_errors,
-                        time.monotonic() - started)
+    summary = summarize(settings, initial, totals, time.monotonic() - started)
+    if totals.capacities:
+        report = write_report(out, summary, monitor.snapshot(), totals.cycles,
+                              hardware_of(settings, None).time_scale)
+        create_markdown_artifact(report.read_text(), key="run-report",
+                                 description="throughput, pool usage and restarts")
     logger.info("done: %s", summary)
     return summary
 
 
-def _progress_reporter(state: JobState, logger: Any, uploader: ShardUploader | None) -> Any:
-    total = state.plan.num_shards
-    done = total - len(state.pending)
-    artifact_id = create_progress_artifact(
-        progress=100.0 * done / total, key="generate-progress",
-        description=f"{done}/{total} shards committed")
-    assert isinstance(artifact_id, UUID)  # sync context: not a coroutine
-    counter = {"done": done, "tokens": 0, "t0": time.monotonic()}
-    last_update = [0.0]
+def _run_epochs(settings: JobSettings, state: JobState, out: Path, dest: Destination | None,
+                monitor: FleetMonitor, totals: RunTotals, logger: Any) -> JobSettings:
+    """Run fleet configurations until no shard is pending; returns the final settings."""
+    ledger = TuningLedger(out / "tuning.jsonl")
+    mem_ceiling = MAX_MEM_FRACTION
+    restarts = 0
+    epoch = 0
+    progress = _Progress(state, logger, None, totals)
+    while state.pending:
+        epoch += 1
+        uploader = ShardUploader(dest, out) if dest is not None else None
+        progress.uploader = uploader
+        failure: str | None = None
+        result: WatchResult | None = None
+        handles: list[ServerHandle] = []
+        hw = hardware_of(settings, None)
+        try:
+            handles = launch_servers.with_options(cache_policy=NO_CACHE)(settings, str(out),
+                                                                         epoch)
+            try:
+                took = wait_healthy.with_options(cache_policy=NO_CACHE)(
+                    handles, settings.api_key, settings.startup_timeout_s)
+            except ServerStartFailed as exc:
+                if epoch == 1:
+                    raise  # nothing known to work: the user's config must be fixed
+                failure = str(exc)
+            if failure is None:
+                logger.info("epoch %d: %d servers healthy after %.1f s", epoch, len(handles),
+                            took)
+                caps = measure_capacity.with_options(cache_policy=NO_CACHE)(
+                    handles, settings.api_key)
+                totals.capacities = caps
+                _capacity_artifact(settings, caps)
+                hw = hardware_of(settings, caps[0].version)
+                plan = hw.plan(settings)
+                note = capacity_note(plan, caps)
+                if note:
+                    logger.info(note)
+                monitor.watch({f"server-{c.index}": c.url for c in caps}, epoch)
+                watch = _watch(settings, hw, plan, caps, monitor, ledger, mem_ceiling,
+                               restarts, state)
+                watch.start()
+                try:
+                    stats = generate_shards.with_options(cache_policy=NO_CACHE)(
+                        settings, state, caps, progress, watch.stop)
+                finally:
+                    result = watch.close()
+                totals.answers += stats.completed + stats.errors
+        finally:
+            if handles:
+                report = stop_servers.with_options(cache_policy=NO_CACHE)(
+                    handles, str(out), settings.stop_grace_s)
+                logger.info("stopped %d servers (SIGKILLed: %s, ports still busy: %s)",
+                            report.stopped, report.killed or "none",
+                            report.ports_busy or "none")
+            if uploader is not None and uploader.close():
+                logger.warning("%d shard uploads failed; the final upload retries them",
+                               uploader.failures)
+        decision, mem_ceiling = restart_on_regression.with_options(cache_policy=NO_CACHE)(
+            result, failure, epoch, settings.server, settings.client.concurrency_per_server,
+            str(ledger.path), hw.model, hw.gpu, hw.version, mem_ceiling,
+            settings.tuning.min_predicted_gain, settings.tuning.avg_context)
+        if failure is not None and decision is None:
+            raise ServerStartFailed(f"servers failed to start and no earlier config worked: "
+                                    f"{failure}", handles[0], "")
+        state = plan_shards.with_options(cache_policy=NO_CACHE)(
+            str(settings.prompts), str(out), settings.shard_size)
+        if decision is not None and state.pending:
+            restarts += 1
+            measured = result.measured_tok_s_per_gpu if result else None
+            totals.cycles.append({
+                "epoch": epoch, "measured_tok_s_per_gpu": measured,
+                "diagnosis": result.diagnosis.kind if result and result.diagnosis else
+                "start failed", "reason": decision.reason,
+                "old": config_key(settings.server, settings.client.concurrency_per_server),
+                "new_flags": decision.flags.model_dump(exclude_none=True,
+                                                       exclude={"extra_args"}),
+                "new_concurrency": decision.concurrency})
+            logger.warning("restart %d: %s", restarts, decision.reason)
+            settings = settings.model_copy(update={
+                "server": decision.flags,
+                "client": settings.client.model_copy(
+                    update={"concurrency_per_server": decision.concurrency})})
+            create_table_artifact(key="tuning-ledger", description="configs tried",
+                                  table=[dict(c) for c in totals.cycles])
+    return settings
 
-    def on_commit(entry: ManifestEntry) -> None:
-        if uploader is not None:
-            uploader.submit(entry)
-        counter["done"] += 1
-        counter["tokens"] += entry.output_tokens
-        elapsed = time.monotonic() - counter["t0"]
-        tok_s = counter["tokens"] / elapsed if elapsed > 0 else 0.0
-        this_run = counter["done"] - done
-        eta = elapsed / this_run * (total - counter["done"]) if this_run else 0.0
+
+def _watch(settings: JobSettings, hw: Hardware, plan: MemoryPlan | None, caps: list[Capacity],
+           monitor: FleetMonitor, ledger: TuningLedger, mem_ceiling: float, restarts: int,
+           state: JobState) -> RegressionWatch:
+    tuning = settings.tuning
+    tried = ledger.tried() | {config_key(settings.server, settings.client.concurrency_per_server)}
+    enough_work = len(state.pending) > 2 * len(caps)
+    enabled = (tuning.enabled and restarts < tuning.max_restarts and enough_work
+               and hw.model is not None)
+
+    def can_propose(diag: Any) -> Any:
+        if hw.model is None or hw.gpu is None or hw.version is None:
+            return None
+        return propose(diag, settings.server, settings.client.concurrency_per_server,
+                       hw.model, hw.gpu, hw.version, tried, mem_ceiling, tuning.avg_context,
+                       tuning.min_predicted_gain)
+
+    best = ledger.best()
+    return RegressionWatch(
+        monitor, {f"server-{c.index}": c.max_running_requests for c in caps}, plan,
+        hw.time_scale, tuning.window_s, tuning.target_tok_s_per_gpu,
+        best.tok_s_per_gpu if best else None, can_propose, enabled)
+
+
+def _capacity_artifact(settings: JobSettings, caps: list[Capacity]) -> None:
+    create_table_artifact(
+        key="fleet-capacity", description="servers: config and measured capacity",
+        table=[{"server": c.url, "config": c.config, "sglang": c.version,
+                "max_running_requests": c.max_running_requests,
+                "max_total_num_tokens": c.max_total_num_tokens,
+                "max_mamba_cache_size": c.max_mamba_cache_size,
+                **settings.server.model_dump(exclude={"extra_args"}, exclude_none=True)}
+               for c in caps])
+
+
+class _Progress:
+    """Commit callback: progress artifact (coarse updates), log line, background upload."""
+
+    def __init__(self, state: JobState, logger: Any, uploader: ShardUploader | None,
+                 totals: RunTotals) -> None:
+        self.totals = totals
+        self.total = state.plan.num_shards
+        self.start_done = self.done = self.total - len(state.pending)
+        self.tokens = 0
+        self.t0 = time.monotonic()
+        self.last_update = 0.0
+        self.logger = logger
+        self.uploader = uploader
+        artifact = create_progress_artifact(
+            progress=100.0 * self.done / self.total, key="generate-progress",
+            description=f"{self.done}/{self.total} shards committed")
+        assert isinstance(artifact, UUID)  # sync context: not a coroutine
+        self.artifact_id = artifact
+
+    def __call__(self, entry: ManifestEntry) -> None:
+        if self.uploader is not None:
+            self.uploader.submit(entry)
+        self.done += 1
+        self.tokens += entry.output_tokens
+        self.totals.tokens += entry.output_tokens
+        self.totals.done += entry.rows
+        self.totals.errors += entry.errors
+        elapsed = time.monotonic() - self.t0
+        tok_s = self.tokens / elapsed if elapsed > 0 else 0.0
+        this_run = self.done - self.start_done
+        eta = elapsed / this_run * (self.total - self.done) if this_run else 0.0
         now = time.monotonic()
-        if now - last_update[0] > 2.0 or counter["done"] == total:  # keep API calls coarse
-            last_update[0] = now
+        if now - self.last_update > 2.0 or self.done == self.total:  # keep API calls coarse
+            self.last_update = now
             update_progress_artifact(
-                artifact_id, progress=100.0 * counter["done"] / total,
-                description=f"{counter['done']}/{total} shards, {tok_s:,.0f} tok/s (wall), "
+                self.artifact_id, progress=100.0 * self.done / self.total,
+                description=f"{self.done}/{self.total} shards, {tok_s:,.0f} tok/s (wall), "
                 f"ETA {eta / 60:.1f} min")
-        logger.info("shard %d committed (%d rows, %d errors) — %d/%d shards, %.0f tok/s",
-                    entry.shard, entry.rows, entry.errors, counter["done"], total, tok_s)
-
-    return on_commit
+        self.logger.info("shard %d committed (%d rows, %d errors) — %d/%d shards, %.0f tok/s",
+                         entry.shard, entry.rows, entry.errors, self.done, self.total, tok_s)
 
 
 if __name__ == "__main__":

@@ -79,6 +79,22 @@ class StorageSettings(BaseModel):
                              description="local working copy when output is s3://")
 
 
+class TuningSettings(BaseModel):
+    """Restart-on-regression: diagnose, reconfigure, relaunch, resume (docs/TUNING.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(True, description="restart with a better config when one is found")
+    target_tok_s_per_gpu: float | None = Field(
+        None, gt=0, description="restart when throughput stays below this (modeled GPU time)")
+    window_s: float = Field(60.0, gt=0, description="wall seconds of steady state to judge")
+    sample_interval_s: float = Field(5.0, gt=0, description="how often /metrics is sampled")
+    max_restarts: int = Field(3, ge=0, le=20, description="restart budget for the whole job")
+    min_predicted_gain: float = Field(1.2, ge=1.0,
+                                      description="restart only if the model predicts this gain")
+    avg_context: float = Field(2048.0, gt=0,
+                               description="tokens in context per request, for predictions")
+
+
 class JobSettings(BaseSettings):
     """Everything a `generate` run needs. See docs/SETTINGS.md for every field."""
 
@@ -107,6 +123,7 @@ class JobSettings(BaseSettings):
     sampling: SamplingSettings = Field(default_factory=lambda: SamplingSettings())
     sim: SimSettings = Field(default_factory=lambda: SimSettings())
     storage: StorageSettings = Field(default_factory=lambda: StorageSettings())
+    tuning: TuningSettings = Field(default_factory=lambda: TuningSettings())
     shard_size: int = Field(100, ge=1, le=10_000_000, description="prompts per output shard")
     startup_timeout_s: float = Field(900.0, gt=0, description="deadline for servers to be healthy")
     stop_grace_s: float = Field(30.0, ge=0, description="SIGTERM → SIGKILL grace period")

@@ -62,8 +62,10 @@ def resolve_version(settings: JobSettings) -> SGLangVersion:
     return found
 
 
-def build_launch_specs(settings: JobSettings, output: Path) -> list[LaunchSpec]:
-    """One LaunchSpec per GPU: argv, env (CUDA_VISIBLE_DEVICES, sim knobs), port, log file."""
+def build_launch_specs(settings: JobSettings, output: Path, epoch: int = 1) -> list[LaunchSpec]:
+    """One LaunchSpec per GPU: argv, env (CUDA_VISIBLE_DEVICES, sim knobs), port, log file.
+
+    Each fleet configuration (epoch) of a job logs to its own files."""
     version = resolve_version(settings)
     hybrid = True  # a model without a profile: SGLang decides; we only lose planning
     with contextlib.suppress(ValueError):
@@ -80,7 +82,8 @@ def build_launch_specs(settings: JobSettings, output: Path) -> list[LaunchSpec]:
             env.update(_sim_env(settings, version))
         specs.append(LaunchSpec(
             index=index, gpu=gpu, host=settings.host, port=port, argv=tuple(argv), env=env,
-            log_path=output / "servers" / f"server-{index}-gpu{gpu}.log",
+            log_path=output / "servers" / (f"server-{index}-gpu{gpu}.log" if epoch == 1
+                                            else f"server-{index}-gpu{gpu}.epoch{epoch}.log"),
             secrets=(api_key,) if api_key else ()))
     return specs
 
@@ -156,9 +159,9 @@ def ports_free(handles: list[ServerHandle]) -> bool:
 
 
 @task(name="launch_servers", retries=0)
-def launch_servers(settings: JobSettings, output: str) -> list[ServerHandle]:
+def launch_servers(settings: JobSettings, output: str, epoch: int = 1) -> list[ServerHandle]:
     out = Path(output)
-    specs = build_launch_specs(settings, out)
+    specs = build_launch_specs(settings, out, epoch)
     return launch_fleet(specs, registry_for(out), settings.server.fingerprint(),
                         settings.stop_grace_s)
 

@@ -125,5 +125,6 @@ def plan_shards(prompts: str, output: str, shard_size: int) -> JobState:
 
 @task(name="generate_shards", retries=0)
 def generate_shards(settings: JobSettings, state: JobState, capacities: list[Capacity],
-                    on_commit: OnCommit | None = None) -> DispatchStats:
-    return generate_pending(settings, state, capacities, on_commit)
+                    on_commit: OnCommit | None = None,
+                    stop: threading.Event | None = None) -> DispatchStats:
+    return generate_pending(settings, state, capacities, on_commit, stop)

@@ -24,6 +24,7 @@ class Faults:
     crash_after_requests: int | None = None  # exit(1) abruptly after N completed requests
     fail_start: str | None = None  # "oom" or "error": refuse to start
     start_delay_s: float | None = None  # override the startup delay
+    oom_above_mem_fraction: float | None = None  # CUDA OOM at start above this fraction
 
 
 @dataclass(frozen=True)

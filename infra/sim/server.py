@@ -407,7 +407,9 @@ def main(argv: list[str] | None = None) -> None:
     except PoolsDoNotFit as exc:
         fail_start(str(exc))
         return
-    if cfg.faults.fail_start == "oom":
+    oom_above = cfg.faults.oom_above_mem_fraction
+    if cfg.faults.fail_start == "oom" or (oom_above is not None
+                                          and plan.mem_fraction_static > oom_above):
         fail_start(f"CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
                    f"of {gpu.total_mib / 1024:.2f} GiB", kind="torch.OutOfMemoryError")
     if cfg.faults.fail_start == "error":

@@ -1,0 +1,116 @@
+"""Sample every server's /metrics every few seconds into a time series kept with the run.
+
+Throughput is measured from `sglang:generation_tokens_total` deltas (tokens of finished
+requests), converted to modeled GPU time with the time scale (1 for real SGLang), so targets
+in tok/s per GPU mean the same thing on the simulator and on hardware.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import polars as pl
+from prometheus_client.parser import text_string_to_metric_families
+
+from infra.sglang.client import get_metrics_text
+from infra.sglang.observe import parse_metrics
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float  # wall seconds since the monitor started
+    epoch: int  # which fleet configuration (restart cycle) this belongs to
+    server: str
+    alive: bool
+    running: int | None
+    queued: int | None
+    kv_usage: float | None
+    mamba_usage: float | None
+    gen_throughput: float | None  # the server's own figure (modeled time)
+    generation_tokens_total: float | None
+
+
+def _generation_tokens(text: str) -> float | None:
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "sglang:generation_tokens_total":
+                    return float(sample.value)
+    except (ValueError, TypeError, IndexError, KeyError):
+        return None
+    return None
+
+
+def sample_server(name: str, url: str, api_key: str | None, t: float, epoch: int) -> Sample:
+    text = get_metrics_text(url, api_key, timeout_s=3.0)
+    if text is None:
+        return Sample(t, epoch, name, False, None, None, None, None, None, None)
+    records = parse_metrics(text)
+    rec = records[0] if records else {}
+    kv = rec.get("full_token_usage")
+    if kv is None:
+        kv = rec.get("token_usage")
+    return Sample(t, epoch, name, True, rec.get("running_req"), rec.get("queue_req"), kv,
+                  rec.get("mamba_usage"), rec.get("gen_throughput"), _generation_tokens(text))
+
+
+class FleetMonitor:
+    """A background thread that samples the fleet; `samples` grows for the whole run."""
+
+    def __init__(self, interval_s: float, api_key: str | None) -> None:
+        self.interval_s = interval_s
+        self.api_key = api_key
+        self.samples: list[Sample] = []
+        self._servers: dict[str, str] = {}
+        self._epoch = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="fleet-monitor", daemon=True)
+
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    def watch(self, servers: dict[str, str], epoch: int) -> None:
+        """Sample these servers (name → url) from now on, as part of `epoch`."""
+        with self._lock:
+            self._servers = dict(servers)
+            self._epoch = epoch
+
+    def start(self) -> FleetMonitor:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def sample_now(self) -> list[Sample]:
+        with self._lock:
+            servers, epoch = dict(self._servers), self._epoch
+        t = self.now()
+        fresh = [sample_server(n, u, self.api_key, t, epoch) for n, u in servers.items()]
+        with self._lock:
+            self.samples.extend(fresh)
+        return fresh
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample_now()
+
+    def snapshot(self) -> list[Sample]:
+        with self._lock:
+            return list(self.samples)
+
+    def write(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rows = [asdict(s) for s in self.snapshot()]
+        schema = {"t": pl.Float64, "epoch": pl.Int64, "server": pl.String, "alive": pl.Boolean,
+                  "running": pl.Int64, "queued": pl.Int64, "kv_usage": pl.Float64,
+                  "mamba_usage": pl.Float64, "gen_throughput": pl.Float64,
+                  "generation_tokens_total": pl.Float64}
+        pl.DataFrame(rows, schema=schema).write_parquet(path)
+        return path

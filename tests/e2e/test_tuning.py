@@ -1,0 +1,86 @@
+"""Restart-on-regression on the simulated fleet: the seeds' scenarios, no human in the loop."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.ledger import Ledger
+from tasks.regression import TuningLedger
+from tests.conftest import free_port_block
+
+
+def prompts(path: Path, n: int) -> Path:
+    path.write_text("".join(json.dumps({"id": f"t{i:05d}", "prompt": f"tune {i}"}) + "\n"
+                            for i in range(n)))
+    return path
+
+
+def run(tmp_path: Path, n_prompts: int, gpus: int, **overrides: Any) -> tuple[dict, Path]:
+    from flows.generate import generate
+
+    out = tmp_path / "out"
+    opts = {"base_port": free_port_block(gpus), "sim.startup_s": 0.3, "shard_size": 50,
+            "stop_grace_s": 5.0, "tuning.window_s": 4.0, "tuning.sample_interval_s": 0.5,
+            **overrides}
+    summary = generate(prompts=str(prompts(tmp_path / "p.jsonl", n_prompts)), output=str(out),
+                       gpus=list(range(gpus)), overrides=opts)
+    frame = Ledger(out).read_completions()
+    assert frame.height + summary["errors_this_run"] == n_prompts
+    assert frame["id"].n_unique() == frame.height  # nothing duplicated across restarts
+    return summary, out
+
+
+@pytest.mark.slow
+def test_seed_000_finds_the_mamba_bottleneck_and_gains_2_4x(prefect_api: None,
+                                                           tmp_path: Path) -> None:
+    summary, out = run(
+        tmp_path, 1500, 2, model="qwen3.6-27b-fp8", **{
+            "sim.gpu": "rtx-pro-6000", "sim.time_scale": 20.0,
+            "server.mamba_strategy": "extra_buffer", "client.concurrency_per_server": 32,
+            "sampling.max_new_tokens": 1024})
+    entries = [e for e in TuningLedger(out / "tuning.jsonl").entries()
+               if e.outcome == "measured" and e.tok_s_per_gpu]
+    assert summary["restarts"] >= 1
+    first, last = entries[0], entries[-1]
+    assert "mamba-bound" in (first.reason or "")
+    assert last.flags["mamba_strategy"] == "no_buffer" or (
+        last.flags.get("mamba_full_memory_ratio") or 0.9) > 0.9
+    assert last.tok_s_per_gpu / first.tok_s_per_gpu >= 2.4, entries
+    report = (out / "report.md").read_text()
+    assert "## Restarts" in report and "mamba-bound" in report
+
+
+@pytest.mark.slow
+def test_seed_004_raises_mamba_share_and_concurrency(prefect_api: None, tmp_path: Path) -> None:
+    summary, out = run(
+        tmp_path, 1500, 2, model="Qwen/Qwen3.6-27B", sglang_version="main", **{
+            "sim.gpu": "b200", "sim.time_scale": 5.0,
+            "server.mamba_strategy": "extra_buffer", "server.max_mamba_cache_size": 80,
+            "server.speculative_algorithm": "EAGLE", "server.speculative_num_steps": 3,
+            "server.speculative_eagle_topk": 1, "client.concurrency_per_server": 64,
+            "sampling.max_new_tokens": 2048})
+    assert summary["restarts"] >= 1
+    entries = TuningLedger(out / "tuning.jsonl").entries()
+    start = entries[0]
+    assert start.flags["max_mamba_cache_size"] == 80
+    final = summary["servers"][0]
+    assert final["max_running_requests"] > 16
+    assert summary["final_server_flags"].get("speculative_algorithm") == "EAGLE"  # MTP kept
+
+
+@pytest.mark.slow
+def test_config_that_ooms_is_rolled_back_and_nothing_is_lost(prefect_api: None,
+                                                            tmp_path: Path) -> None:
+    summary, out = run(
+        tmp_path, 1500, 2, model="qwen3.6-27b-fp8", **{
+            "sim.gpu": "rtx-pro-6000", "sim.time_scale": 20.0,
+            "server.mamba_strategy": "extra_buffer", "client.concurrency_per_server": 32,
+            "sampling.max_new_tokens": 1024,
+            "sim.faults": {"oom_above_mem_fraction": 0.85}})
+    outcomes = [e.outcome for e in TuningLedger(out / "tuning.jsonl").entries()]
+    assert "failed" in outcomes
+    assert summary["prompts_done_this_run"] + summary["errors_this_run"] == 1500
