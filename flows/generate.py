@@ -137,6 +137,7 @@ def summarize(settings: JobSettings, state: JobState, totals: RunTotals,
         "capacity_note": capacity_note(plan, caps),
         "restarts": len(totals.cycles),
         "answers_redone_after_drains": max(0, totals.answers - totals.done - totals.errors),
+        "cycles": [{k: v for k, v in c.items() if k != "triggered_at"} for c in totals.cycles],
         "final_server_flags": settings.server.model_dump(exclude_none=True,
                                                          exclude={"extra_args"}),
     }
@@ -221,6 +222,10 @@ def _run_epochs(settings: JobSettings, state: JobState, out: Path, dest: Destina
             if failure is None:
                 logger.info("epoch %d: %d servers healthy after %.1f s", epoch, len(handles),
                             took)
+                if totals.cycles and totals.cycles[-1].get("triggered_at"):
+                    cycle = totals.cycles[-1]
+                    cycle["cycle_seconds"] = round(time.monotonic() - cycle.pop("triggered_at"), 2)
+                    cycle["startup_seconds"] = round(took, 2)
                 caps = measure_capacity.with_options(cache_policy=NO_CACHE)(
                     handles, settings.api_key)
                 totals.capacities = caps
@@ -269,14 +274,16 @@ def _run_epochs(settings: JobSettings, state: JobState, out: Path, dest: Destina
                 "old": config_key(settings.server, settings.client.concurrency_per_server),
                 "new_flags": decision.flags.model_dump(exclude_none=True,
                                                        exclude={"extra_args"}),
-                "new_concurrency": decision.concurrency})
+                "new_concurrency": decision.concurrency,
+                "triggered_at": result.triggered_at if result else None})
             logger.warning("restart %d: %s", restarts, decision.reason)
             settings = settings.model_copy(update={
                 "server": decision.flags,
                 "client": settings.client.model_copy(
                     update={"concurrency_per_server": decision.concurrency})})
             create_table_artifact(key="tuning-ledger", description="configs tried",
-                                  table=[dict(c) for c in totals.cycles])
+                                  table=[{k: v for k, v in c.items() if k != "triggered_at"}
+                                         for c in totals.cycles])
     return settings
 
 

@@ -293,6 +293,7 @@ class WatchResult:
     reason: str = ""
     diagnosis: Diagnosis | None = None
     measured_tok_s_per_gpu: float | None = None
+    triggered_at: float | None = None  # time.monotonic() of the trigger
 
 
 class RegressionWatch:
@@ -356,6 +357,7 @@ class RegressionWatch:
             reason = self._reason(diag)
             if reason:
                 self.result.triggered = True
+                self.result.triggered_at = time.monotonic()
                 self.result.reason = reason
                 self.stop.set()
                 return

@@ -39,17 +39,21 @@ def test_seed_000_finds_the_mamba_bottleneck_and_gains_2_4x(prefect_api: None,
                                                            tmp_path: Path) -> None:
     summary, out = run(
         tmp_path, 1500, 2, model="qwen3.6-27b-fp8", **{
-            "sim.gpu": "rtx-pro-6000", "sim.time_scale": 20.0,
+            "sim.gpu": "rtx-pro-6000", "sim.time_scale": 10.0,
             "server.mamba_strategy": "extra_buffer", "client.concurrency_per_server": 32,
-            "sampling.max_new_tokens": 1024})
+            "sampling.max_new_tokens": 2048})
     entries = [e for e in TuningLedger(out / "tuning.jsonl").entries()
                if e.outcome == "measured" and e.tok_s_per_gpu]
     assert summary["restarts"] >= 1
-    first, last = entries[0], entries[-1]
+    first = entries[0]
+    best = max(entries, key=lambda e: e.tok_s_per_gpu or 0.0)
     assert "mamba-bound" in (first.reason or "")
-    assert last.flags["mamba_strategy"] == "no_buffer" or (
-        last.flags.get("mamba_full_memory_ratio") or 0.9) > 0.9
-    assert last.tok_s_per_gpu / first.tok_s_per_gpu >= 2.4, entries
+    assert best.flags["mamba_strategy"] == "no_buffer" or (
+        best.flags.get("mamba_full_memory_ratio") or 0.9) > 0.9
+    assert (best.tok_s_per_gpu or 0.0) / (first.tok_s_per_gpu or 1.0) >= 2.4, entries
+    # The job ends on the best configuration it measured (kept, or rolled back to).
+    final = {k: v for k, v in best.flags.items() if v is not None and k != "extra_args"}
+    assert {k: v for k, v in summary["final_server_flags"].items() if k in final} == final
     report = (out / "report.md").read_text()
     assert "## Restarts" in report and "mamba-bound" in report
 
@@ -77,9 +81,9 @@ def test_config_that_ooms_is_rolled_back_and_nothing_is_lost(prefect_api: None,
                                                             tmp_path: Path) -> None:
     summary, out = run(
         tmp_path, 1500, 2, model="qwen3.6-27b-fp8", **{
-            "sim.gpu": "rtx-pro-6000", "sim.time_scale": 20.0,
+            "sim.gpu": "rtx-pro-6000", "sim.time_scale": 10.0,
             "server.mamba_strategy": "extra_buffer", "client.concurrency_per_server": 32,
-            "sampling.max_new_tokens": 1024,
+            "sampling.max_new_tokens": 2048,
             "sim.faults": {"oom_above_mem_fraction": 0.85}})
     outcomes = [e.outcome for e in TuningLedger(out / "tuning.jsonl").entries()]
     assert "failed" in outcomes
