@@ -66,11 +66,18 @@ def child(mode: str, prompts: str, out: str) -> None:
         Ledger(Path(out)).remove_strays = lambda: []  # type: ignore[method-assign]
         state = prepare_job(Path(prompts), Path(out), SHARD)
         result = {"pending": len(state.pending)}
-    else:  # stream every row of the input the way the dispatcher receives it
-        from infra.ledger import make_plan
+    elif mode == "validate":
         from infra.prompts import validate_input
 
-        plan = make_plan(validate_input(Path(prompts)), SHARD)
+        result = {"rows": validate_input(Path(prompts)).rows}
+    else:  # stream every row of the input the way the dispatcher receives it
+        import polars as pl
+
+        from infra.ledger import make_plan
+        from infra.prompts import InputSummary
+
+        rows = pl.scan_parquet(prompts).select(pl.len()).collect().item()
+        plan = make_plan(InputSummary(prompts, "parquet", rows, "prompt", "-"), SHARD)
         n = sum(len(rows) for _, rows in iter_pending_shards(plan, list(range(plan.num_shards))))
         result = {"rows": n}
     result["seconds"] = time.perf_counter() - t0
@@ -104,12 +111,18 @@ def main() -> None:
         make_input(small, args.rows // 10)
         fake_commits(root / "out", big, args.rows * 9 // 10)
         plan = measure("plan", big, root / "out", args.repeats)
+        valid_small = measure("validate", small, root / "o2", args.repeats)
+        valid_big = measure("validate", big, root / "o3", args.repeats)
         stream_small = measure("stream", small, root / "o2", args.repeats)
         stream_big = measure("stream", big, root / "o3", args.repeats)
     print("| measurement | median s | median peak RSS MiB |")
     print("|---|---|---|")
     print(f"| resume planning, {args.rows:,} prompts, 90% committed | {plan['seconds']:.2f} | "
           f"{plan['peak_rss_mb']:.0f} |")
+    print(f"| validate input (ids), {args.rows // 10:,} prompts | {valid_small['seconds']:.2f} | "
+          f"{valid_small['peak_rss_mb']:.0f} |")
+    print(f"| validate input (ids), {args.rows:,} prompts | {valid_big['seconds']:.2f} | "
+          f"{valid_big['peak_rss_mb']:.0f} |")
     print(f"| stream all rows, {args.rows // 10:,} prompts | {stream_small['seconds']:.2f} | "
           f"{stream_small['peak_rss_mb']:.0f} |")
     print(f"| stream all rows, {args.rows:,} prompts | {stream_big['seconds']:.2f} | "

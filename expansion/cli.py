@@ -471,6 +471,74 @@ def export(
     console.print(f"wrote {count} lines to {to}")
 
 
+@app.command()
+def diagnose(
+    urls: Annotated[list[str] | None, typer.Argument(help="Live server URLs.")] = None,
+    log: Annotated[Path | None, typer.Option("--log", help="A server log instead.")] = None,
+    seconds: Annotated[float, typer.Option(help="How long to sample live servers.")] = 10.0,
+    api_key: Annotated[str | None, typer.Option(envvar="EXPANSION_API_KEY",
+                                                help="The servers' --api-key.")] = None,
+) -> None:
+    """Why is it slow? mamba-, KV-, client- or compute-bound, unhealthy or asymmetric."""
+    from infra.sglang.client import ServerAnswerError, get_server_info
+    from infra.sglang.observe import parse_log
+    from infra.sglang.server_info import parse_server_info
+    from tasks.monitor import Sample, sample_server
+    from tasks.regression import PoolView, pools_from_caps, samples_from_log, window_stats
+    from tasks.regression import diagnose as run_diagnosis
+
+    caps: dict[str, int] = {}
+    pools: PoolView | None = None
+    samples: list[Sample] = []
+    since = 0.0
+    if log is not None:
+        try:
+            records = parse_log(log.read_text(errors="replace"))
+        except OSError as exc:
+            _fail(f"{log}: cannot read: {exc.strerror}")
+            return
+        samples = samples_from_log(records, log.name)
+        startup: dict[str, Any] = {}
+        for r in records:
+            if r["kind"] == "startup":
+                startup.update({k: v for k, v in r.items() if v is not None})
+        if startup.get("max_running_requests"):
+            caps[log.name] = int(startup["max_running_requests"])
+        pools = pools_from_caps(startup.get("max_running_requests"),
+                                startup.get("max_mamba_cache_size"), None)
+        since = samples[-1].t - max(seconds, 60.0) if samples else 0.0
+    elif urls:
+        names = {f"server-{i}": u.rstrip("/") for i, u in enumerate(urls)}
+        for name, url in names.items():
+            try:
+                info = parse_server_info(get_server_info(url, api_key))
+            except (ServerAnswerError, OSError) as exc:
+                err.print(f"{url}: {exc}")
+                continue
+            if info.max_running_requests:
+                caps[name] = info.max_running_requests
+            pools = pools or pools_from_caps(info.max_running_requests,
+                                             info.max_mamba_cache_size, info.mamba_strategy)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            samples += [sample_server(n, u, api_key, time.monotonic() - t0, 1)
+                        for n, u in names.items()]
+            time.sleep(1.0)
+    else:
+        _fail("give server URLs or --log FILE")
+        return
+    result = run_diagnosis(window_stats(samples, since, 1.0), caps, pools)
+    console.print(f"[bold]{result.kind}[/]: {result.evidence}")
+    for w in result.servers:
+        console.print(f"  {w.server}: {w.tok_s:,.0f} tok/s, running {w.running:.1f}, "
+                      f"queue {w.queued:.1f}, KV {_pct_or_na(w.kv_usage)}, "
+                      f"mamba {_pct_or_na(w.mamba_usage)}")
+
+
+def _pct_or_na(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}"
+
+
 def _print_plan(p: Any) -> None:
     console.print(f"[bold]{p.model}[/] on {p.gpu}, SGLang {p.version}: mem_fraction_static "
                   f"{p.mem_fraction_static}, {p.weights_gib} GiB weights, "

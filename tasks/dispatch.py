@@ -156,6 +156,7 @@ class Dispatcher:
         self._dead: set[str] = set()
         self._connect_failures: dict[str, int] = {}
         self._in_flight = 0
+        self._queued: dict[int, int] = {}  # prompts of each shard still waiting in the queue
         self._fatal: FleetDown | None = None
         self._rng = random.Random()
 
@@ -195,9 +196,13 @@ class Dispatcher:
         return self.stats
 
     async def _drain(self, timeout_s: float = 60.0) -> None:
-        """Stop taking work; give in-flight requests a bounded time to finish and commit."""
+        """Stop taking work; give in-flight requests a bounded time to finish — but only while
+        some open shard can still complete (none of its prompts left in the queue): answers
+        for a shard that cannot complete would be thrown away anyway."""
         deadline = time.monotonic() + timeout_s
         while self._in_flight and time.monotonic() < deadline:
+            if not any(self._queued.get(s, 0) == 0 for s in self._shards):
+                return
             await asyncio.sleep(0.02)
 
     async def _feed(self, shards: Iterator[tuple[int, list[dict[str, Any]]]],
@@ -211,7 +216,7 @@ class Dispatcher:
                 return
             self._shards[shard_id] = _Shard(size=len(rows))
             for index, row in enumerate(rows):
-                self._queue.put_nowait(_Item(shard_id, index, row))
+                self._put(_Item(shard_id, index, row))
             if not rows:
                 await self._finish(shard_id)
 
@@ -220,10 +225,12 @@ class Dispatcher:
             if self.stop.is_set():
                 return
             item = await self._queue.get()
+            self._queued[item.shard] -= 1
             if self.stop.is_set():
+                self._put(item)
                 return
             if ep.name in self._dead:  # died while we waited: hand the prompt to another
-                self._queue.put_nowait(item)
+                self._put(item)
                 return
             self._in_flight += 1
             try:
@@ -257,7 +264,7 @@ class Dispatcher:
                 return
             delay = self.opts.backoff_s * (2 ** (item.attempts - 1))
             await asyncio.sleep(min(delay, 30.0) * (0.5 + self._rng.random()))
-            self._queue.put_nowait(item)
+            self._put(item)
             return
         self._connect_failures[ep.name] = 0
         row = {**item.row, **answer, "server": ep.name, "config": ep.config,
@@ -269,6 +276,10 @@ class Dispatcher:
         self.stats.per_server[ep.name] = self.stats.per_server.get(ep.name, 0) + 1
         if shard.done:
             await self._finish(item.shard)
+
+    def _put(self, item: _Item) -> None:
+        self._queued[item.shard] = self._queued.get(item.shard, 0) + 1
+        self._queue.put_nowait(item)
 
     async def _post(self, ep: Endpoint, path: str, body: dict[str, Any]) -> dict[str, Any]:
         try:

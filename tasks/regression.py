@@ -98,12 +98,35 @@ def steady_tok_s_per_gpu(samples: list[Sample], since: float, time_scale: float,
     return statistics.median(ticks) if len(ticks) >= 3 else None
 
 
-def diagnose(windows: list[ServerWindow], caps: dict[str, int], plan: MemoryPlan | None,
-             ) -> Diagnosis:
+@dataclass(frozen=True)
+class PoolView:
+    """Which pool sets the running-request cap, and how (from a plan or a live server)."""
+
+    binding_limit: str
+    mamba_slots: int | None = None
+    slot_ratio: int | None = None
+    mamba_strategy: str | None = None
+
+    @classmethod
+    def of(cls, plan: MemoryPlan | None) -> PoolView | None:
+        if plan is None:
+            return None
+        return cls(plan.binding_limit, plan.mamba_slots, plan.slot_ratio, plan.mamba_strategy)
+
+    def how(self) -> str:
+        if self.mamba_slots and self.slot_ratio:
+            return (f"{self.mamba_slots} slots / {self.slot_ratio} per request under "
+                    f"{self.mamba_strategy or 'its strategy'}")
+        return "cap = mamba slots / slots per request"
+
+
+def diagnose(windows: list[ServerWindow], caps: dict[str, int],
+             pools: MemoryPlan | PoolView | None) -> Diagnosis:
     """Why the fleet runs at its speed, from the window and the servers' caps.
 
-    `caps` is each server's max_running_requests; `plan` the memory model's view of the
-    configuration (which pool sets the cap)."""
+    `caps` is each server's max_running_requests; `pools` says which pool sets the cap
+    (the memory model's plan, or what a live server's numbers imply)."""
+    plan = pools if isinstance(pools, PoolView) or pools is None else PoolView.of(pools)
     if not windows:
         return Diagnosis("idle", "no samples yet", 0.0)
     per_gpu = statistics.fmean(w.tok_s for w in windows)
@@ -132,8 +155,7 @@ def diagnose(windows: list[ServerWindow], caps: dict[str, int], plan: MemoryPlan
                          "queued — raise client concurrency", per_gpu, windows)
     if at_cap and plan is not None and plan.binding_limit == "mamba" and (kv or 0) < 0.5:
         return Diagnosis("mamba-bound", f"{usage}: the cap comes from the mamba pool "
-                         f"({plan.mamba_slots} slots / {plan.slot_ratio} per request under "
-                         f"{plan.mamba_strategy}) while KV sits mostly empty", per_gpu, windows)
+                         f"({plan.how()}) while KV sits mostly empty", per_gpu, windows)
     if (kv or 0) >= 0.85 or (plan is not None and plan.binding_limit == "kv" and at_cap):
         return Diagnosis("kv-bound", f"{usage}: the KV pool is the limit", per_gpu, windows)
     return Diagnosis("compute-bound", f"{usage}: at the cap with pool headroom; more memory "
@@ -147,6 +169,50 @@ def _mean_opt(values: list[float | None]) -> float | None:
 
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0%}"
+
+
+def pools_from_caps(max_running: int | None, mamba_slots: int | None,
+                    strategy: str | None) -> PoolView | None:
+    """The mamba pool binds when a server's cap equals its mamba slots / ρ: what a plan would
+    say, read off a live server or a log that does not name its GPU or model."""
+    if not max_running or not mamba_slots:
+        return None
+    ratios = {"no_buffer": (3,), "extra_buffer": (5, 4), "extra_buffer_lazy": (4,)}
+    for rho in ratios.get(strategy or "", (3, 4, 5)):
+        if max_running == mamba_slots // rho:
+            return PoolView("mamba", mamba_slots, rho, strategy)
+    return None
+
+
+def samples_from_log(records: list[dict[str, object]], server: str) -> list[Sample]:
+    """Decode lines of a server log as monitor samples (t in seconds from the first line)."""
+    from datetime import datetime
+
+    out: list[Sample] = []
+    t0: datetime | None = None
+    for r in records:
+        if r.get("kind") != "decode" or not r.get("timestamp"):
+            continue
+        try:
+            ts = datetime.fromisoformat(str(r["timestamp"]).replace(",", "."))
+        except ValueError:
+            continue
+        t0 = t0 or ts
+        kv = r.get("full_token_usage") if r.get("full_token_usage") is not None else r.get(
+            "token_usage")
+        out.append(Sample((ts - t0).total_seconds(), 1, server, True,
+                          _opt_int(r.get("running_req")), _opt_int(r.get("queue_req")),
+                          _opt_float(kv), _opt_float(r.get("mamba_usage")),
+                          _opt_float(r.get("gen_throughput")), None))
+    return out
+
+
+def _opt_int(value: object) -> int | None:
+    return int(value) if isinstance(value, (int, float)) else None
+
+
+def _opt_float(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 # --- the tuning ledger ----------------------------------------------------------------------

@@ -70,3 +70,49 @@ def test_inspect_summarizes_server_info_and_metrics() -> None:
     metrics = cli("inspect", str(SHARED / "sglang-samples" / "metrics" /
                                  "docs_production_metrics_2025-03-03_llama-3.1-8b.txt"))
     assert "metrics" in metrics.stdout and "running_req=162" in metrics.stdout
+
+
+def test_diagnose_a_live_simulated_server(sim_fleet) -> None:
+    import threading
+
+    import httpx
+
+    (h,) = sim_fleet(1, model="qwen3.6-27b-fp8", **{"server.mamba_strategy": "extra_buffer",
+                                                    "sim.time_scale": 10.0})
+    stop = threading.Event()
+
+    def load() -> None:
+        with httpx.Client(timeout=60) as client:
+            while not stop.is_set():
+                try:
+                    client.post(f"{h.url}/generate", json={
+                        "text": "x", "sampling_params": {"max_new_tokens": 2048}})
+                except httpx.HTTPError:
+                    return  # the server is being stopped at the end of the test
+
+    threads = [threading.Thread(target=load, daemon=True) for _ in range(32)]
+    for t in threads:
+        t.start()
+    try:
+        proc = cli("diagnose", h.url, "--seconds", "6")
+    finally:
+        stop.set()
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("mamba-bound"), proc.stdout
+
+
+def test_diagnose_a_log_file(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text(
+        "[2026-07-20 14:00:00] Mamba Cache is allocated. max_mamba_cache_size: 80, conv_state "
+        "size: 0.22GB, ssm_state size: 11.39GB \n"
+        "[2026-07-20 14:00:01] max_total_num_tokens=362368, chunked_prefill_size=16384, "
+        "max_prefill_tokens=16384, max_running_requests=16, context_len=262144, "
+        "available_gpu_mem=31.02 GB\n" + "".join(
+            f"[2026-07-20 14:03:{s:02d}] Decode batch, #running-req: 16, #full token: 76032, "
+            "full token usage: 0.21, mamba num: 48, mamba usage: 0.60, accept len: 3.21, "
+            "accept rate: 0.74, cuda graph: True, gen throughput (token/s): 1187.55, "
+            "#queue-req: 398\n" for s in range(0, 50, 5)))
+    proc = cli("diagnose", "--log", str(log))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("mamba-bound") and "80 slots / 5" in proc.stdout

@@ -1,0 +1,135 @@
+"""Diagnosis and policy are pure functions: plain values in, decisions with evidence out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from infra.sglang.flags import ServerFlags
+from infra.sglang.memory import plan_memory
+from infra.sglang.profiles import gpu_profile, model_profile
+from infra.sglang.versions import parse_version
+from tasks.monitor import Sample
+from tasks.regression import (
+    Diagnosis,
+    LedgerEntry,
+    ServerWindow,
+    TuningLedger,
+    WatchResult,
+    config_key,
+    decide_next,
+    diagnose,
+    pools_from_caps,
+    propose,
+    window_stats,
+)
+
+FP8 = model_profile("qwen3.6-27b-fp8")
+RTX = gpu_profile("rtx-pro-6000")
+V = parse_version("0.5.23")
+EB = ServerFlags(mamba_strategy="extra_buffer")
+EB_PLAN = plan_memory(FP8, RTX, EB, V)
+
+
+def w(name: str = "s0", running: float = 31, queued: float = 1, kv: float | None = 0.03,
+      mamba: float | None = 0.59, tok: float = 500.0, alive: bool = True) -> ServerWindow:
+    return ServerWindow(name, alive, running, queued, kv, mamba, tok)
+
+
+def test_seed_000_picture_is_mamba_bound() -> None:
+    d = diagnose([w("s0"), w("s1")], {"s0": 31, "s1": 31}, EB_PLAN)
+    assert d.kind == "mamba-bound"
+    assert "157 slots / 5 per request under extra_buffer" in d.evidence
+    assert "KV 3%" in d.evidence and "mamba 59%" in d.evidence
+
+
+def test_free_slots_and_empty_queue_is_client_bound() -> None:
+    d = diagnose([w(running=12, queued=0)], {"s0": 31}, EB_PLAN)
+    assert d.kind == "client-bound" and "raise client concurrency" in d.evidence
+
+
+def test_full_kv_is_kv_bound() -> None:
+    d = diagnose([w(kv=0.92, mamba=0.2)], {"s0": 31}, None)
+    assert d.kind == "kv-bound"
+
+
+def test_at_cap_with_headroom_is_compute_bound() -> None:
+    d = diagnose([w(kv=0.2, mamba=0.2)], {"s0": 31}, None)
+    assert d.kind == "compute-bound"
+
+
+def test_one_slow_gpu_is_asymmetric_and_a_dead_one_unhealthy() -> None:
+    d = diagnose([w("s0"), w("s1"), w("s2", tok=200.0)], {"s0": 31, "s1": 31, "s2": 31},
+                 EB_PLAN)
+    assert d.kind == "asymmetric" and "s2" in d.evidence
+    d = diagnose([w("s0"), w("s1", alive=False)], {"s0": 31}, EB_PLAN)
+    assert d.kind == "unhealthy" and "s1" in d.evidence
+
+
+def test_window_prefers_the_servers_own_throughput_gauge() -> None:
+    samples = [Sample(t, 1, "s0", True, 31, 1, 0.03, 0.59, 480.0 + t, 1000.0 * t)
+               for t in range(10)]
+    (win,) = window_stats(samples, since=2, time_scale=20.0)
+    assert 483 < win.tok_s < 487 and win.running == 31
+
+
+def test_policy_moves_a_mamba_bound_fleet_to_no_buffer_or_more_mamba() -> None:
+    diag = Diagnosis("mamba-bound", "", 500.0)
+    p = propose(diag, EB, 32, FP8, RTX, V, tried=set())
+    assert p is not None
+    assert p.flags.mamba_strategy == "no_buffer" or (p.flags.mamba_full_memory_ratio or 0) > 0.9
+    assert p.concurrency is None  # cap + queue_target
+    assert p.predicted_tok_s_per_gpu and p.predicted_tok_s_per_gpu > 1.2 * 495
+
+
+def test_policy_never_repeats_and_respects_the_mem_ceiling() -> None:
+    diag = Diagnosis("mamba-bound", "", 500.0)
+    first = propose(diag, EB, 32, FP8, RTX, V, tried=set())
+    assert first is not None
+    second = propose(diag, EB, 32, FP8, RTX, V, tried={config_key(first.flags, None)},
+                     mem_ceiling=0.85)
+    assert second is not None and second.flags != first.flags
+    assert (second.flags.mem_fraction_static or 0.0) <= 0.85
+
+
+def test_policy_keeps_mtp() -> None:
+    b200, qwen = gpu_profile("b200"), model_profile("Qwen/Qwen3.6-27B")
+    flags = ServerFlags(mamba_strategy="extra_buffer", max_mamba_cache_size=80,
+                        speculative_algorithm="EAGLE", speculative_num_steps=3,
+                        speculative_eagle_topk=1)
+    p = propose(Diagnosis("mamba-bound", "", 2000.0), flags, 64, qwen, b200,
+                parse_version("main"), tried=set())
+    assert p is not None and p.flags.speculative_algorithm == "EAGLE"
+
+
+def test_client_bound_with_auto_concurrency_proposes_nothing() -> None:
+    assert propose(Diagnosis("client-bound", "", 1.0), EB, None, FP8, RTX, V, set()) is None
+    p = propose(Diagnosis("client-bound", "", 1.0), EB, 8, FP8, RTX, V, set())
+    assert p is not None and p.flags == EB and p.concurrency is None
+
+
+def test_oom_lowers_the_ceiling_and_rolls_back_to_the_best(tmp_path: Path) -> None:
+    ledger = TuningLedger(tmp_path / "tuning.jsonl")
+    ledger.record(LedgerEntry(1, EB.model_dump(mode="json"), config_key(EB, 32), 32,
+                              "measured", 500.0, None, "", 0.0))
+    bad = EB.with_changes(mamba_strategy="no_buffer", mem_fraction_static=0.9)
+    nxt, ceiling = decide_next(None, "torch.OutOfMemoryError: CUDA out of memory", 2, bad,
+                               None, ledger, FP8, RTX, V, 0.95, 1.2, 2048.0)
+    assert nxt is not None and nxt.flags == EB and nxt.concurrency == 32
+    assert EB_PLAN.mem_fraction_static < ceiling < 0.9
+    assert [e.outcome for e in ledger.entries()] == ["measured", "failed"]
+
+
+def test_rollback_returns_to_the_best_config(tmp_path: Path) -> None:
+    ledger = TuningLedger(tmp_path / "tuning.jsonl")
+    ledger.record(LedgerEntry(1, EB.model_dump(mode="json"), config_key(EB, 32), 32,
+                              "measured", 900.0, None, "", 0.0))
+    worse = EB.with_changes(mamba_ssm_dtype="bfloat16")
+    result = WatchResult(True, "rollback: slower", Diagnosis("mamba-bound", "", 400.0), 400.0)
+    nxt, _ = decide_next(result, None, 2, worse, None, ledger, FP8, RTX, V, 0.95, 1.2, 2048.0)
+    assert nxt is not None and nxt.flags == EB
+
+
+def test_pools_from_caps_reads_a_live_server() -> None:
+    view = pools_from_caps(31, 157, "extra_buffer")
+    assert view is not None and view.binding_limit == "mamba" and view.slot_ratio == 5
+    assert pools_from_caps(128, None, None) is None
