@@ -341,6 +341,14 @@ def plan(
     = None,
     avg_context: Annotated[float, typer.Option(
         help="Average tokens in context per running request, for tok/s.")] = 2048.0,
+    job: Annotated[int | None, typer.Option(
+        "--job", help="Estimate wall time and GPU-hours for this many prompts.")] = None,
+    avg_output_tokens: Annotated[float, typer.Option(
+        help="Average completion length, for --job.")] = 1024.0,
+    num_gpus: Annotated[int, typer.Option("--num-gpus", help="GPUs (servers), for --job.")]
+    = 8,
+    tok_s_per_gpu: Annotated[float | None, typer.Option(
+        help="Measured tok/s per GPU, for --job (default: the model's prediction).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Predict SGLang's pools and caps for a model × GPU × flags, and the alternatives."""
@@ -379,6 +387,13 @@ def plan(
         return
     rows = alternatives(prof, card, flags, version, avg_context)
     current = rows[0]
+    estimate = None
+    if job is not None:
+        rate = tok_s_per_gpu or current.tok_s_per_gpu
+        if not rate:
+            _fail("--job: no throughput to estimate from; pass --tok-s-per-gpu")
+            return
+        estimate = job_estimate(job, avg_output_tokens, num_gpus, rate)
     if as_json:
         payload: dict[str, Any] = {"model": prof.name, "gpu": card.name,
                                    "version": version.label}
@@ -387,6 +402,8 @@ def plan(
         else:
             payload.update(current.plan.to_dict())
             payload["tok_s_per_gpu"] = round(current.tok_s_per_gpu or 0.0, 1)
+        if estimate is not None:
+            payload["job"] = estimate
         payload["alternatives"] = [
             {"label": r.label, "error": r.error,
              "mamba_slots": r.plan.mamba_slots if r.plan else None,
@@ -415,6 +432,11 @@ def plan(
                       str(r.plan.max_running_requests), str(r.plan.max_total_num_tokens),
                       r.plan.binding_limit, f"{r.tok_s_per_gpu:,.0f}")
     console.print(table)
+    if estimate is not None:
+        console.print(
+            f"job: {job:,} prompts × {avg_output_tokens:,.0f} tokens on {num_gpus} GPUs at "
+            f"{estimate['tok_s_per_gpu']:,.0f} tok/s per GPU → {estimate['wall_hours']:,.1f} h "
+            f"wall, {estimate['gpu_hours']:,.0f} GPU-hours")
 
 
 @app.command()
@@ -537,6 +559,16 @@ def diagnose(
 
 def _pct_or_na(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0%}"
+
+
+def job_estimate(prompts: int, avg_output_tokens: float, gpus: int,
+                 tok_s_per_gpu: float) -> dict[str, float]:
+    """Wall time and GPU-hours of a job at a steady per-GPU throughput (no restarts)."""
+    tokens = prompts * avg_output_tokens
+    wall_h = tokens / (gpus * tok_s_per_gpu) / 3600
+    return {"prompts": prompts, "output_tokens": tokens, "gpus": gpus,
+            "tok_s_per_gpu": round(tok_s_per_gpu, 1), "wall_hours": round(wall_h, 2),
+            "gpu_hours": round(wall_h * gpus, 1)}
 
 
 def _print_plan(p: Any) -> None:

@@ -11,7 +11,7 @@ crashes, PDEATHSIG if this process dies.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -60,14 +60,25 @@ def job_settings(prompts: str | None = None, output: str | None = None,
     return load_settings(config_file, **merged)
 
 
+def job_paths(settings: JobSettings, node: str | None) -> tuple[Path, str | None]:
+    """(local ledger folder, upload target). A node of a multi-node job keeps its own ledger
+    under `nodes/<node>` and always publishes to the shared output."""
+    if node is None:
+        return settings.local_output(), settings.upload_target()
+    return (settings.local_output() / "nodes" / node,
+            settings.upload_target() or str(settings.local_output()))
+
+
 def _stop_fleet_hook(flow_: Any, flow_run: Any, state: Any) -> None:
     """Cancellation/crash hook (runs in the worker or runner): stop servers of this job."""
     params = dict(getattr(flow_run, "parameters", {}) or {})
+    node = params.pop("node", None)
+    params.pop("shards", None)
     try:
         settings = job_settings(**params)
-    except Exception:
+    except Exception:  # a hook must never raise; without settings there is nothing to stop
         return
-    stop_fleet([], registry_for(settings.local_output()), settings.stop_grace_s)
+    stop_fleet([], registry_for(job_paths(settings, node)[0]), settings.stop_grace_s)
 
 
 @dataclass
@@ -149,21 +160,28 @@ def summarize(settings: JobSettings, state: JobState, totals: RunTotals,
 def generate(prompts: str | None = None, output: str | None = None, engine: str | None = None,
              gpus: list[int] | None = None, model: str | None = None,
              config_file: str | None = None,
-             overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Generate a completion for every prompt on a fleet of SGLang (or simulated) servers."""
+             overrides: dict[str, Any] | None = None, shards: list[int] | None = None,
+             node: str | None = None) -> dict[str, Any]:
+    """Generate a completion for every prompt on a fleet of SGLang (or simulated) servers.
+
+    `shards` and `node` are set by `generate-fleet` when this run is one node of a
+    multi-node job: only those shards, published under the node's manifest."""
     logger = get_run_logger()
     settings = job_settings(prompts, output, engine, gpus, model, config_file, overrides)
-    out = settings.local_output()
-    target = settings.upload_target()
+    out, target = job_paths(settings, node)
+    manifest_key = f"manifests/{node}.jsonl" if node else "manifest.jsonl"
     dest: Destination | None = None
     if target:
         dest = open_destination(target, settings.storage.endpoint_url, settings.storage.region,
                                 settings.storage.multipart_mb)
-        restored = restore_from(dest, out)
+        restored = restore_from(dest, out) if node is None else 0
         if restored:
             logger.info("restored %d committed shards from %s", restored, dest.label)
     state = plan_shards.with_options(cache_policy=NO_CACHE)(
         str(settings.prompts), str(out), settings.shard_size)
+    if shards is not None:
+        owned = set(shards)
+        state = replace(state, pending=[s for s in state.pending if s in owned])
     logger.info("plan %s: %d prompts in %d shards, %d pending", state.plan.fingerprint,
                 state.plan.input_rows, state.plan.num_shards, len(state.pending))
     initial = state
@@ -174,13 +192,15 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
     if state.pending:
         monitor.start()
         try:
-            settings = _run_epochs(settings, state, out, dest, monitor, totals, logger)
+            settings = _run_epochs(settings, state, out, dest, monitor, totals, logger,
+                                   manifest_key if node else None, shards)
         finally:
             monitor.stop()
             monitor.write(out / "monitor" / f"metrics-{int(time.time())}.parquet")
     if target:
         rep = upload.with_options(cache_policy=NO_CACHE)(
-            str(out), target, settings.storage.endpoint_url, settings.storage.region)
+            str(out), target, settings.storage.endpoint_url, settings.storage.region,
+            manifest_key)
         logger.info("upload to %s: %d new, %d already there", rep.destination, rep.uploaded,
                     rep.skipped)
     summary = summarize(settings, initial, totals, time.monotonic() - started)
@@ -194,7 +214,8 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
 
 
 def _run_epochs(settings: JobSettings, state: JobState, out: Path, dest: Destination | None,
-                monitor: FleetMonitor, totals: RunTotals, logger: Any) -> JobSettings:
+                monitor: FleetMonitor, totals: RunTotals, logger: Any,
+                node_manifest: str | None, shards: list[int] | None) -> JobSettings:
     """Run fleet configurations until no shard is pending; returns the final settings."""
     ledger = TuningLedger(out / "tuning.jsonl")
     mem_ceiling = MAX_MEM_FRACTION
@@ -203,7 +224,7 @@ def _run_epochs(settings: JobSettings, state: JobState, out: Path, dest: Destina
     progress = _Progress(state, logger, None, totals)
     while state.pending:
         epoch += 1
-        uploader = ShardUploader(dest, out) if dest is not None else None
+        uploader = ShardUploader(dest, out, node_manifest) if dest is not None else None
         progress.uploader = uploader
         failure: str | None = None
         result: WatchResult | None = None
@@ -264,6 +285,8 @@ def _run_epochs(settings: JobSettings, state: JobState, out: Path, dest: Destina
                                     f"{failure}", handles[0], "")
         state = plan_shards.with_options(cache_policy=NO_CACHE)(
             str(settings.prompts), str(out), settings.shard_size)
+        if shards is not None:
+            state = replace(state, pending=[s for s in state.pending if s in set(shards)])
         if decision is not None and state.pending:
             restarts += 1
             measured = result.measured_tok_s_per_gpu if result else None

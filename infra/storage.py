@@ -30,6 +30,8 @@ class Destination(Protocol):
     def sha256_of(self, key: str) -> str | None: ...
     def put(self, source: Path, key: str, sha256: str) -> None: ...
     def get_bytes(self, key: str) -> bytes | None: ...
+    def put_bytes(self, data: bytes, key: str) -> None: ...
+    def list_keys(self, prefix: str) -> list[str]: ...
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,20 @@ class FolderDestination:
     def get_bytes(self, key: str) -> bytes | None:
         target = self.root / key
         return target.read_bytes() if target.is_file() else None
+
+    def put_bytes(self, data: bytes, key: str) -> None:
+        target = self.root / key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+
+    def list_keys(self, prefix: str) -> list[str]:
+        base = self.root / prefix
+        if not base.is_dir():
+            return []
+        return sorted(str(p.relative_to(self.root)) for p in base.rglob("*")
+                      if p.is_file() and not p.name.startswith("."))
 
 
 class S3Destination:
@@ -107,6 +123,28 @@ class S3Destination:
                                     Config=self.transfer)
         except (ClientError, BotoCoreError, S3UploadFailedError) as exc:
             raise StorageError(f"upload of {key} to {self.label} failed: {exc}") from exc
+
+    def put_bytes(self, data: bytes, key: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+        except (ClientError, BotoCoreError) as exc:
+            raise StorageError(f"write of {key} to {self.label} failed: {exc}") from exc
+
+    def list_keys(self, prefix: str) -> list[str]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        keys: list[str] = []
+        strip = f"{self.prefix}/" if self.prefix else ""
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self._key(prefix))
+            for page in pages:
+                keys += [o["Key"].removeprefix(strip) for o in page.get("Contents", [])]
+        except (ClientError, BotoCoreError) as exc:
+            raise StorageError(f"listing {self.label}/{prefix}: {exc}") from exc
+        return sorted(keys)
 
     def get_bytes(self, key: str) -> bytes | None:
         from botocore.exceptions import BotoCoreError, ClientError

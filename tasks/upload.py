@@ -8,10 +8,11 @@ shard is not there yet.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from prefect import task
@@ -48,18 +49,22 @@ def upload_entry(dest: Destination, output: Path, entry: ManifestEntry) -> tuple
     return uploaded, skipped
 
 
-def upload_committed(output: Path, dest: Destination) -> UploadReport:
-    """Make the destination hold every committed shard (verified by sha256), manifest last."""
+def upload_committed(output: Path, dest: Destination,
+                     manifest_key: str = "manifest.jsonl") -> UploadReport:
+    """Make the destination hold every committed shard (verified by sha256), manifest last.
+
+    A node of a multi-node job publishes its manifest under its own key
+    (`manifests/<node>.jsonl`); the fleet flow merges them."""
     ledger = Ledger(output)
     uploaded = skipped = 0
     for entry in sorted(ledger.committed().values(), key=lambda e: e.shard):
         up, skip = upload_entry(dest, output, entry)
         uploaded += up
         skipped += skip
-    for name in ("plan.json", "manifest.jsonl"):
+    for name, key in (("plan.json", "plan.json"), ("manifest.jsonl", manifest_key)):
         path = output / name
         if path.is_file():
-            dest.put(path, name, file_sha256(path))
+            dest.put(path, key, file_sha256(path))
     return UploadReport(uploaded, skipped, dest.label)
 
 
@@ -93,19 +98,35 @@ def restore_from(dest: Destination, output: Path) -> int:
 
 
 class ShardUploader:
-    """Uploads each shard in the background as it commits; failures wait for the final pass."""
+    """Uploads each shard in the background as it commits; failures wait for the final pass.
 
-    def __init__(self, dest: Destination, output: Path) -> None:
+    With `manifest_key` (a node of a multi-node job), it also republishes, after each shard,
+    a manifest listing only the shards already uploaded — so the fleet flow knows what a node
+    finished even if the node dies before its final upload."""
+
+    def __init__(self, dest: Destination, output: Path,
+                 manifest_key: str | None = None) -> None:
         self.dest = dest
         self.output = output
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="upload")
+        self.manifest_key = manifest_key
+        self._uploaded: list[ManifestEntry] = []
+        workers = 1 if manifest_key else 2  # one thread keeps manifest and shards in order
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="upload")
         self._futures: list[Future[tuple[int, int]]] = []
         self._lock = threading.Lock()
         self.failures = 0
 
     def submit(self, entry: ManifestEntry) -> None:
         with self._lock:
-            self._futures.append(self._pool.submit(upload_entry, self.dest, self.output, entry))
+            self._futures.append(self._pool.submit(self._upload, entry))
+
+    def _upload(self, entry: ManifestEntry) -> tuple[int, int]:
+        done = upload_entry(self.dest, self.output, entry)
+        if self.manifest_key:
+            self._uploaded.append(entry)
+            lines = "".join(json.dumps(asdict(e)) + "\n" for e in self._uploaded)
+            self.dest.put_bytes(lines.encode(), self.manifest_key)
+        return done
 
     def close(self) -> int:
         """Wait for uploads in flight; return how many failed (the final pass redoes them)."""
@@ -118,7 +139,31 @@ class ShardUploader:
         return self.failures
 
 
+def merge_manifests(dest: Destination) -> list[ManifestEntry]:
+    """One manifest from the root manifest and every node's: each shard once (the earliest
+    commit wins; a later duplicate from a node thought dead wrote the very same object key).
+    Written to the root `manifest.jsonl` of the destination."""
+    by_shard: dict[int, ManifestEntry] = {}
+    keys = ["manifest.jsonl", *[k for k in dest.list_keys("manifests/") if
+                                k.endswith(".jsonl")]]
+    for key in keys:
+        data = dest.get_bytes(key)
+        for line in (data or b"").decode().splitlines():
+            try:
+                entry = ManifestEntry(**json.loads(line))
+            except (json.JSONDecodeError, TypeError):
+                continue
+            old = by_shard.get(entry.shard)
+            if old is None or entry.committed_at < old.committed_at:
+                by_shard[entry.shard] = entry
+    merged = [by_shard[s] for s in sorted(by_shard)]
+    dest.put_bytes("".join(json.dumps(asdict(e)) + "\n" for e in merged).encode(),
+                   "manifest.jsonl")
+    return merged
+
+
 @task(name="upload", retries=4, retry_delay_seconds=[2, 8, 30, 60])
 def upload(output: str, target: str, endpoint_url: str | None = None,
-           region: str | None = None) -> UploadReport:
-    return upload_committed(Path(output), open_destination(target, endpoint_url, region))
+           region: str | None = None, manifest_key: str = "manifest.jsonl") -> UploadReport:
+    return upload_committed(Path(output), open_destination(target, endpoint_url, region),
+                            manifest_key)

@@ -39,8 +39,9 @@ def worker(prefect_server: dict[str, str], tmp_path_factory: pytest.TempPathFact
            "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1",
            "EXPANSION_SIM__STARTUP_S": "0.2", "EXPANSION_STOP_GRACE_S": "5",
            "EXPANSION_SAMPLING__MAX_NEW_TOKENS": "32"}
-    subprocess.run([PREFECT, "work-pool", "create", POOL, "--type", "process"], env=env,
-                   cwd=ROOT, capture_output=True, timeout=120)
+    for pool in (POOL, "control"):
+        subprocess.run([PREFECT, "work-pool", "create", pool, "--type", "process"], env=env,
+                       cwd=ROOT, capture_output=True, timeout=120)
     prefect(env, "--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml")
     log = open(tmp_path_factory.mktemp("worker") / "worker.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen([PREFECT, "worker", "start", "--pool", POOL, "--limit", "1"],

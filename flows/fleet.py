@@ -1,0 +1,108 @@
+"""The `generate-fleet` flow: one job across many GPU nodes, through Prefect work pools.
+
+It fixes the shard plan on the shared output, splits the pending shards across `nodes` runs
+of the `generate/expansion` deployment (one worker per GPU node picks each up; each run owns
+its node's GPUs and its own tuning loop), and waits. Each node publishes its shards and its
+own manifest (`manifests/<node>.jsonl`) to the shared output as it goes. When a node run
+fails, crashes or is cancelled, the shards it did not publish go to new runs on the other
+nodes. At the end the node manifests are merged into one `manifest.jsonl`, each shard once.
+No home-made scheduler: placement, retries of the flow process and cancellation are Prefect's.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import FlowRun
+from prefect.deployments import run_deployment
+
+from flows.generate import job_settings
+from infra.ledger import Ledger, make_plan
+from infra.prompts import validate_input
+from infra.storage import open_destination
+from tasks.upload import merge_manifests
+
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def split(pending: list[int], parts: int) -> list[list[int]]:
+    """Contiguous, near-equal chunks (contiguous shards read the input sequentially)."""
+    parts = max(1, min(parts, len(pending)))
+    size, extra = divmod(len(pending), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        out.append(pending[start:end])
+        start = end
+    return [c for c in out if c]
+
+
+def _wait_all(run_ids: list[Any], poll_s: float) -> dict[str, str]:
+    states: dict[str, str] = {}
+    with get_client(sync_client=True) as client:
+        while True:
+            for rid in run_ids:
+                run = client.read_flow_run(rid)
+                states[str(rid)] = run.state.type.value if run.state else "PENDING"
+            if all(s in TERMINAL for s in states.values()):
+                return states
+            time.sleep(poll_s)
+
+
+@flow(name="generate-fleet")
+def generate_fleet(output: str, prompts: str | None = None, nodes: int = 2,
+                   deployment: str = "generate/expansion", gpus: list[int] | None = None,
+                   overrides: dict[str, Any] | None = None, node_port_stride: int = 0,
+                   max_rounds: int = 4, poll_s: float = 2.0) -> dict[str, Any]:
+    """Spread one job over `nodes` runs of the generate deployment; survive losing a node."""
+    logger = get_run_logger()
+    settings = job_settings(prompts, output, None, gpus, None, None, overrides)
+    root = settings.local_output()
+    dest = open_destination(settings.upload_target() or str(root),
+                            settings.storage.endpoint_url, settings.storage.region,
+                            settings.storage.multipart_mb)
+    plan = Ledger(root).init_plan(make_plan(validate_input(settings.prompts),
+                                            settings.shard_size))
+    dest.put_bytes((root / "plan.json").read_bytes(), "plan.json")
+    committed = {e.shard for e in merge_manifests(dest)}
+    pending = [s for s in range(plan.num_shards) if s not in committed]
+    logger.info("plan %s: %d shards, %d pending, %d nodes", plan.fingerprint, plan.num_shards,
+                len(pending), nodes)
+    rounds: list[dict[str, Any]] = []
+    base_port = settings.base_port
+    for round_no in range(max_rounds):
+        if not pending:
+            break
+        runs = []
+        for i, chunk in enumerate(split(pending, nodes)):
+            node = f"node-{i}-r{round_no}"
+            params = {"prompts": str(settings.prompts), "output": output, "gpus": gpus,
+                      "overrides": {**(overrides or {}), "base_port":
+                                    base_port + node_port_stride * (round_no * nodes + i)},
+                      "shards": chunk, "node": node}
+            run = run_deployment(deployment, parameters=params, timeout=0, as_subflow=True,
+                                 flow_run_name=f"{node}-{len(chunk)}-shards")
+            assert isinstance(run, FlowRun)  # sync context: not a coroutine
+            runs.append((node, run.id, chunk))
+            logger.info("%s: %d shards (%d–%d) → flow run %s", node, len(chunk), chunk[0],
+                        chunk[-1], run.id)
+        states = _wait_all([rid for _, rid, _ in runs], poll_s)
+        committed = {e.shard for e in merge_manifests(dest)}
+        pending = [s for s in range(plan.num_shards) if s not in committed]
+        lost = {node: states[str(rid)] for node, rid, _ in runs
+                if states[str(rid)] != "COMPLETED"}
+        rounds.append({"round": round_no, "states": {n: states[str(r)] for n, r, _ in runs},
+                       "pending_after": len(pending)})
+        if lost:
+            logger.warning("round %d: %s; %d shards go to the other nodes", round_no,
+                           ", ".join(f"{n} {s}" for n, s in lost.items()), len(pending))
+    if pending:
+        raise RuntimeError(f"{len(pending)} shards still pending after {max_rounds} rounds; "
+                           "check the node runs' logs, then rerun generate-fleet to resume")
+    merged = merge_manifests(dest)
+    return {"output": dest.label, "shards": len(merged),
+            "rows": sum(e.rows for e in merged), "errors": sum(e.errors for e in merged),
+            "rounds": rounds}

@@ -1,0 +1,120 @@
+"""One job across two "nodes" (two process workers, each with its own simulated fleet) on a
+real Prefect server; one node's flow is SIGKILLed mid-run and the job still completes with
+every id exactly once in the bucket."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import polars as pl
+import pytest
+
+from infra.processes import ProcessRegistry
+from tests.conftest import free_port_block
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFECT = str(Path(sys.executable).parent / "prefect")
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("PPid:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+@pytest.fixture(scope="module")
+def two_nodes(prefect_server: dict[str, str], s3_endpoint: str,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    env = {**os.environ, **prefect_server, "EXPANSION_REPO": str(ROOT),
+           "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+           "EXPANSION_SIM__STARTUP_S": "0.2", "EXPANSION_STOP_GRACE_S": "5",
+           "EXPANSION_STORAGE__ENDPOINT_URL": s3_endpoint,
+           "EXPANSION_SAMPLING__MAX_NEW_TOKENS": "32", "EXPANSION_TUNING__ENABLED": "false"}
+    for pool in ("gpu-local", "control"):
+        subprocess.run([PREFECT, "work-pool", "create", pool, "--type", "process"], env=env,
+                       cwd=ROOT, capture_output=True, timeout=120)
+    proc = subprocess.run([PREFECT, "--no-prompt", "deploy", "--all", "--prefect-file",
+                           "deployments/prefect.yaml"], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    logs = tmp_path_factory.mktemp("workers")
+    workers = []
+    for i in range(2):
+        log = open(logs / f"worker-{i}.log", "wb")  # noqa: SIM115 - closed below
+        workers.append((subprocess.Popen(
+            [PREFECT, "worker", "start", "--pool", "gpu-local", "--limit", "1",
+             "--name", f"node-{i}"], env=env, cwd=ROOT, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True), log))
+    try:
+        yield env
+    finally:
+        for proc_, log in workers:
+            os.killpg(proc_.pid, signal.SIGINT)
+            try:
+                proc_.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc_.pid, signal.SIGKILL)
+            log.close()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("prefect_server")
+def test_losing_a_node_mid_run_still_gives_every_id_once(two_nodes: dict[str, str],
+                                                         s3_endpoint: str, bucket: str,
+                                                         tmp_path: Path) -> None:
+    n = 2000
+    src = tmp_path / "p.jsonl"
+    src.write_text("".join(json.dumps({"id": f"f{i:05d}", "prompt": f"fleet {i}"}) + "\n"
+                           for i in range(n)))
+    staging = tmp_path / "staging"
+    overrides = {"sim.time_scale": 3.0, "shard_size": 50, "storage.staging_dir": str(staging),
+                 "base_port": free_port_block(1)}
+    code = (
+        "import json, sys\n"
+        "from flows.fleet import generate_fleet\n"
+        f"r = generate_fleet(output='s3://{bucket}/fleet', prompts={str(src)!r}, nodes=2, "
+        f"gpus=[0, 1], overrides={overrides!r}, node_port_stride=10, poll_s=1.0)\n"
+        "print(json.dumps(r))\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], env=two_nodes, cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    registry = ProcessRegistry(staging / bucket / "fleet" / "nodes" / "node-0-r0" / "servers" /
+                               "registry.json")
+    deadline = time.monotonic() + 240
+    killed = None
+    while time.monotonic() < deadline and parent.poll() is None:
+        records = registry.load() if registry.path.exists() else []
+        manifests = list((staging / bucket / "fleet" / "nodes" / "node-0-r0").glob(
+            "manifest.jsonl"))
+        if records and manifests and manifests[0].read_text().count("\n") >= 2:
+            engine = _ppid(records[0].pid)
+            assert engine is not None
+            os.kill(engine, signal.SIGKILL)  # the node's flow process dies mid-run
+            killed = engine
+            break
+        time.sleep(0.3)
+    out, err = parent.communicate(timeout=600)
+    assert killed is not None, "node-0 never got going"
+    assert parent.returncode == 0, err[-4000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert any(s != "COMPLETED" for s in result["rounds"][0]["states"].values())
+    assert len(result["rounds"]) >= 2  # the lost node's shards went to a new run
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    manifest = s3.get_object(Bucket=bucket, Key="fleet/manifest.jsonl")["Body"].read()
+    ids: list[str] = []
+    for line in manifest.decode().splitlines():
+        entry = json.loads(line)
+        body = s3.get_object(Bucket=bucket, Key=f"fleet/{entry['path']}")["Body"].read()
+        ids += pl.read_parquet(body)["id"].to_list()
+    assert len(ids) == n and len(set(ids)) == n
