@@ -24,7 +24,7 @@ app = typer.Typer(
     help="Huge offline generation jobs on SGLang fleets, as a restartable Prefect flow.",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 console = Console() if sys.stdout.isatty() else Console(width=160)
-err = Console(stderr=True)
+err = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=1000)
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -119,6 +119,13 @@ def run(
         return
     if dry_run:
         _print_launch_commands(settings)
+        return
+    from flows.generate import preflight
+
+    try:
+        preflight(settings)  # fast, before Prefect starts and before any output exists
+    except ValueError as exc:
+        _fail(str(exc))
         return
     configure_local_prefect()
     from flows.generate import generate

@@ -28,6 +28,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.report import write_report
 from flows.settings import JobSettings, load_settings
 from infra.ledger import ManifestEntry
+from infra.prompts import validate_input
 from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
 from infra.sglang.planner import MAX_MEM_FRACTION
 from infra.sglang.profiles import GpuProfile, ModelProfile, gpu_profile, model_profile
@@ -44,7 +45,14 @@ from tasks.regression import (
     propose,
     restart_on_regression,
 )
-from tasks.servers import ServerHandle, launch_servers, registry_for, stop_fleet, stop_servers
+from tasks.servers import (
+    ServerHandle,
+    build_launch_specs,
+    launch_servers,
+    registry_for,
+    stop_fleet,
+    stop_servers,
+)
 from tasks.shards import JobState, generate_shards, plan_shards
 from tasks.upload import ShardUploader, restore_from, upload
 
@@ -69,6 +77,18 @@ def job_paths(settings: JobSettings, node: str | None) -> tuple[Path, str | None
             settings.upload_target() or str(settings.local_output()))
 
 
+def preflight(settings: JobSettings, check_input: bool = True) -> None:
+    """Everything that can be checked before a server starts or an output folder appears:
+    the input file, the launch commands (version-aware flags), the sim's profiles. Raises
+    ValueError subclasses whose message names the field and the fix."""
+    if check_input:  # the flow skips it: plan_shards validates before any server starts
+        validate_input(settings.prompts)
+    build_launch_specs(settings, settings.local_output())
+    if settings.engine == "sim":
+        model_profile(settings.model)
+        gpu_profile(settings.sim.gpu)
+
+
 def _stop_fleet_hook(flow_: Any, flow_run: Any, state: Any) -> None:
     """Cancellation/crash hook (runs in the worker or runner): stop servers of this job."""
     params = dict(getattr(flow_run, "parameters", {}) or {})
@@ -78,7 +98,8 @@ def _stop_fleet_hook(flow_: Any, flow_run: Any, state: Any) -> None:
         settings = job_settings(**params)
     except Exception:  # a hook must never raise; without settings there is nothing to stop
         return
-    stop_fleet([], registry_for(job_paths(settings, node)[0]), settings.stop_grace_s)
+    secrets = (settings.api_key.get_secret_value(),) if settings.api_key else ()
+    stop_fleet([], registry_for(job_paths(settings, node)[0]), settings.stop_grace_s, secrets)
 
 
 @dataclass
@@ -168,6 +189,7 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
     multi-node job: only those shards, published under the node's manifest."""
     logger = get_run_logger()
     settings = job_settings(prompts, output, engine, gpus, model, config_file, overrides)
+    preflight(settings, check_input=False)
     out, target = job_paths(settings, node)
     manifest_key = f"manifests/{node}.jsonl" if node else "manifest.jsonl"
     dest: Destination | None = None
@@ -269,7 +291,7 @@ def _run_epochs(settings: JobSettings, state: JobState, out: Path, dest: Destina
         finally:
             if handles:
                 report = stop_servers.with_options(cache_policy=NO_CACHE)(
-                    handles, str(out), settings.stop_grace_s)
+                    handles, str(out), settings.stop_grace_s, settings.api_key)
                 logger.info("stopped %d servers (SIGKILLed: %s, ports still busy: %s)",
                             report.stopped, report.killed or "none",
                             report.ports_busy or "none")

@@ -138,8 +138,60 @@ def _check_utf8(path: Path) -> None:
 
 def iter_rows(path: Path, start: int, stop: int,
               batch: int = 10_000) -> Iterator[dict[str, object]]:
-    """Rows [start, stop) in input order, as dicts (id, prompt|messages, sampling columns)."""
-    lf, _, _ = open_input(path)
-    sliced = lf.slice(start, stop - start)
-    for frame in sliced.collect_batches(chunk_size=batch):
-        yield from frame.iter_rows(named=True)
+    """Rows [start, stop) in input order, as dicts (id, prompt|messages, sampling columns).
+
+    Truly streamed, with bounded memory whatever the input size: Parquet through pyarrow's
+    batch reader (whole row groups before `start` are skipped unread), JSONL in blocks of
+    lines, each block parsed by polars and normalized like the full scan."""
+    if path.suffix == ".parquet":
+        blocks = _parquet_blocks(path, start, stop, batch)
+    else:
+        blocks = _jsonl_blocks(path, start, stop, batch)
+    for frame in blocks:
+        lf, _, _ = _normalize(frame.lazy(), path)
+        yield from lf.collect().iter_rows(named=True)
+
+
+def _parquet_blocks(path: Path, start: int, stop: int, batch: int) -> Iterator[pl.DataFrame]:
+    import pyarrow.parquet as pq
+
+    reader = pq.ParquetFile(path)
+    groups, first = [], 0
+    for g in range(reader.metadata.num_row_groups):
+        rows = reader.metadata.row_group(g).num_rows
+        if first + rows > start and first < stop:
+            groups.append(g)
+        first += rows
+    position = sum(reader.metadata.row_group(g).num_rows
+                   for g in range(groups[0])) if groups else stop
+    for record_batch in reader.iter_batches(batch_size=batch, row_groups=groups):
+        n = record_batch.num_rows
+        lo, hi = max(start - position, 0), min(stop - position, n)
+        position += n
+        if hi > lo:
+            frame = pl.from_arrow(record_batch.slice(lo, hi - lo))
+            assert isinstance(frame, pl.DataFrame)
+            yield frame
+        if position >= stop:
+            return
+
+
+def _jsonl_blocks(path: Path, start: int, stop: int, batch: int) -> Iterator[pl.DataFrame]:
+    import io
+
+    index = 0
+    block: list[bytes] = []
+    with open(path, "rb") as fh:
+        for line in fh:
+            if not line.strip():
+                continue  # polars' scan skips blank lines too: keep row numbers aligned
+            if index >= stop:
+                break
+            if index >= start:
+                block.append(line)
+                if len(block) >= batch:
+                    yield pl.read_ndjson(io.BytesIO(b"".join(block)), infer_schema_length=None)
+                    block = []
+            index += 1
+    if block:
+        yield pl.read_ndjson(io.BytesIO(b"".join(block)), infer_schema_length=None)

@@ -8,10 +8,12 @@ is only ever signalled if its pid *and* start time match what we recorded.
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import task
+from pydantic import SecretStr
 
 from flows.settings import JobSettings
 from infra.processes import (
@@ -22,7 +24,7 @@ from infra.processes import (
     terminate,
     wait_ports_free,
 )
-from infra.sglang.launch import LaunchSpec, executable, server_args
+from infra.sglang.launch import REDACTED, LaunchSpec, executable, server_args
 from infra.sglang.memory import DEFAULT_VERSION
 from infra.sglang.profiles import model_profile
 from infra.sglang.versions import SGLangVersion, installed_version, parse_version
@@ -144,14 +146,32 @@ class StopReport:
 
 
 def stop_fleet(handles: list[ServerHandle], registry: ProcessRegistry,
-               grace_s: float) -> StopReport:
-    """SIGTERM, SIGKILL after the grace period, then verify processes gone and ports free."""
+               grace_s: float, secrets: tuple[str, ...] = ()) -> StopReport:
+    """SIGTERM, SIGKILL after the grace period, then verify processes gone and ports free;
+    finally scrub secrets from the servers' logs (SGLang logs its --api-key at startup)."""
     records = [h.record for h in handles] or registry.load()
     killed = terminate(records, grace_s)
     busy = [p for p in wait_ports_free(records[0].host, [r.port for r in records], 10.0)
             ] if records else []
     registry.clear()
+    redact_logs([Path(r.log_path) for r in records], secrets)
     return StopReport(len(records), killed, busy)
+
+
+def redact_logs(paths: list[Path], secrets: tuple[str, ...]) -> None:
+    """Replace each secret in these (closed) log files with ***."""
+    for path in paths:
+        if not secrets or not path.is_file():
+            continue
+        data = path.read_bytes()
+        clean = data
+        for secret in secrets:
+            if secret:
+                clean = clean.replace(secret.encode(), REDACTED.encode())
+        if clean != data:
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_bytes(clean)
+            os.replace(tmp, path)
 
 
 def ports_free(handles: list[ServerHandle]) -> bool:
@@ -167,5 +187,7 @@ def launch_servers(settings: JobSettings, output: str, epoch: int = 1) -> list[S
 
 
 @task(name="stop_servers", retries=0)
-def stop_servers(handles: list[ServerHandle], output: str, grace_s: float) -> StopReport:
-    return stop_fleet(handles, registry_for(Path(output)), grace_s)
+def stop_servers(handles: list[ServerHandle], output: str, grace_s: float,
+                 api_key: SecretStr | None = None) -> StopReport:
+    secrets = (api_key.get_secret_value(),) if api_key else ()
+    return stop_fleet(handles, registry_for(Path(output)), grace_s, secrets)

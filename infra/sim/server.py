@@ -388,8 +388,10 @@ def update_metrics(server: SimServer) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_sim_args(sys.argv[1:] if argv is None else argv)
+    # Like SGLang, the startup line shows every argument, the API key included: the pipeline
+    # must redact its log files (tasks.servers.redact_logs), and tests check that it does.
     log(f"server_args=ServerArgs(model_path={cfg.model!r}, host={cfg.host!r}, port={cfg.port}, "
-        f"sim_gpu={cfg.gpu!r}, sim_time_scale={cfg.time_scale})")
+        f"api_key={cfg.api_key!r}, sim_gpu={cfg.gpu!r}, sim_time_scale={cfg.time_scale})")
     try:
         model = model_profile(cfg.model)
         gpu = gpu_profile(cfg.gpu)

@@ -72,3 +72,23 @@ def test_malformed_json_and_missing_file(tmp_path: Path) -> None:
         validate_input(tmp_path / "missing.jsonl")
     with pytest.raises(InputError, match="must end in"):
         validate_input(jsonl(tmp_path, [{"id": 1, "prompt": "a"}], "p.csv"))
+
+
+@pytest.mark.parametrize(("start", "stop"), [(0, 10), (3, 17), (250, 260), (990, 1000),
+                                             (0, 1000)])
+def test_parquet_streaming_matches_the_input_slice(tmp_path: Path, start: int,
+                                                  stop: int) -> None:
+    path = tmp_path / "p.parquet"
+    pl.DataFrame({"id": [f"r{i}" for i in range(1000)],
+                  "prompt": [f"q{i}" for i in range(1000)]}).write_parquet(
+        path, row_group_size=128)
+    got = [r["id"] for r in iter_rows(path, start, stop, batch=50)]
+    assert got == [f"r{i}" for i in range(start, stop)]
+
+
+def test_jsonl_streaming_skips_blank_lines_like_the_scan(tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"id": 0, "prompt": "a"}\n\n{"id": 1, "prompt": "b"}\n'
+                    '{"id": 2, "prompt": "c"}\n')
+    assert validate_input(path).rows == 3
+    assert [r["id"] for r in iter_rows(path, 1, 3, batch=1)] == ["1", "2"]

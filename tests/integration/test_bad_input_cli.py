@@ -1,0 +1,69 @@
+"""The bad-input matrix at the CLI: one clear line naming what is wrong, exit ≠ 0, and no
+output folder left behind. (More cases at function level: test_prompts, test_settings,
+test_launch, test_faults, test_observe.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def jsonl(rows: list[object]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+CASES: list[tuple[str, str | bytes | None, list[str], str]] = [
+    ("missing-file", None, [], "does not exist"),
+    ("wrong-suffix.csv", "id,prompt\n1,a\n", [], "must end in .jsonl or .parquet"),
+    ("malformed.jsonl", '{"id": 1, "prompt": "a"}\n{"id": 2, "prompt": \n', [], "prompts:"),
+    ("dup.jsonl", jsonl([{"id": 1, "prompt": "a"}, {"id": 1, "prompt": "b"}]), [],
+     "duplicate id"),
+    ("empty-prompt.jsonl", jsonl([{"id": 1, "prompt": ""}]), [], "empty prompt"),
+    ("no-id.jsonl", jsonl([{"prompt": "a"}]), [], "no `id` column"),
+    ("latin1.jsonl", b'{"id": 1, "prompt": "caf\xe9"}\n', [], "not UTF-8"),
+    ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]), ["--mem-fraction-static", "1.5"],
+     "server.mem_fraction_static"),
+    ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]), ["--set", "bogus=1"], "bogus: unknown"),
+    ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]), ["--gpus", "a,b"], "--gpus"),
+    ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]), ["--engine", "vllm"], "engine:"),
+    ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]), ["--set", "sglang_version=banana"],
+     "sglang_version"),
+    ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]), ["--model", "nope/Nope-1B"],
+     "no built-in profile"),
+    ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]), ["--set", "sim.gpu=tpu-v5"],
+     "unknown GPU profile"),
+    ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]),
+     ["--mamba-strategy", "extra_buffer_lazy", "--set", "server.speculative_algorithm=EAGLE"],
+     "extra_buffer_lazy"),
+    ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]), ["--output", "s3://"], "output"),
+    ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]), ["--config", "missing.toml"],
+     "does not exist"),
+]
+
+
+@pytest.mark.parametrize(("name", "content", "extra", "needle"), CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_bad_input_is_one_clear_line_and_leaves_nothing(tmp_path: Path, name: str,
+                                                        content: str | bytes | None,
+                                                        extra: list[str], needle: str) -> None:
+    prompts = tmp_path / name
+    if isinstance(content, bytes):
+        prompts.write_bytes(content)
+    elif content is not None:
+        prompts.write_text(content)
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "expansion.cli", "run", "--prompts", str(prompts),
+            "--output", str(out), *extra]
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode != 0
+    message = proc.stderr.strip()
+    assert needle in message, message
+    assert "Traceback" not in message
+    assert message.startswith("error:") and len(message.splitlines()) <= 3  # wrapped, one error
+    assert not out.exists()
