@@ -72,6 +72,7 @@ class SimEngine:
         self._window_tokens = 0.0
         self._window_time = 0.0
         self._modeled_clock = 0.0
+        self._anchor: tuple[float, float] | None = None  # (wall, modeled clock) pacing origin
 
     async def submit(self, prompt_tokens: int, target_tokens: int) -> float:
         loop = asyncio.get_running_loop()
@@ -105,18 +106,30 @@ class SimEngine:
             prefill += nxt.prompt_tokens
         return prefill
 
+    async def _sleep_modeled(self, modeled: float) -> None:
+        """Sleep so that wall time tracks modeled time / time_scale *cumulatively*: the
+        overshoot of each sleep is made up by the next, so the simulated GPU does not run
+        slower than its roofline at high time scales."""
+        if self._anchor is None:
+            self._anchor = (time.monotonic(), self._modeled_clock)
+        target = self._anchor[0] + (self._modeled_clock + modeled - self._anchor[1]) / (
+            self.time_scale)
+        await asyncio.sleep(max(0.0, target - time.monotonic()))
+
     async def run(self) -> None:
         while True:
             if not self.running and not self.waiting:
                 self._publish(idle=True)
                 self._wake.clear()
                 await self._wake.wait()
+                self._anchor = None  # idle time is not owed to anyone
             prefill = self._admit()
             if prefill:
                 self._log_prefill(prefill)
             modeled = self.roofline.prefill_s(prefill) if prefill else 0.0
             if not self.running:
                 await asyncio.sleep(max(modeled / self.time_scale, MIN_WALL_CHUNK_S))
+                self._anchor = None
                 continue
             n = len(self.running)
             avg_ctx = self._kv_used() / n
@@ -127,7 +140,7 @@ class SimEngine:
             min_steps = math.ceil(MIN_WALL_CHUNK_S * self.time_scale / step)
             chunk = max(1, min(to_finish, min_steps))
             modeled += chunk * step
-            await asyncio.sleep(modeled / self.time_scale)
+            await self._sleep_modeled(modeled)
             self._advance(chunk, accept, modeled)
 
     def _advance(self, chunk: int, accept: float, modeled: float) -> None:
