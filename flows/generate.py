@@ -291,10 +291,15 @@ def _run_epochs(settings: JobSettings, state: JobState, out: Path, dest: Destina
         finally:
             if handles:
                 report = stop_servers.with_options(cache_policy=NO_CACHE)(
-                    handles, str(out), settings.stop_grace_s, settings.api_key)
+                    handles, str(out), settings.stop_grace_s, settings.api_key,
+                    settings.engine == "sglang")
                 logger.info("stopped %d servers (SIGKILLed: %s, ports still busy: %s)",
                             report.stopped, report.killed or "none",
                             report.ports_busy or "none")
+                if report.gpus_busy:
+                    logger.warning("GPU memory still in use after stop (MiB by GPU): %s; "
+                                   "the next launch may get smaller pools",
+                                   report.gpus_busy)
             if uploader is not None and uploader.close():
                 logger.warning("%d shard uploads failed; the final upload retries them",
                                uploader.failures)

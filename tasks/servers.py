@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from prefect import task
 from pydantic import SecretStr
 
 from flows.settings import JobSettings
+from infra.gpu import wait_memory_released
 from infra.processes import (
     ProcessRecord,
     ProcessRegistry,
@@ -143,6 +144,7 @@ class StopReport:
     stopped: int
     killed: list[int]
     ports_busy: list[int]
+    gpus_busy: dict[int, int] = field(default_factory=dict)  # GPU index → MiB still used
 
 
 def stop_fleet(handles: list[ServerHandle], registry: ProcessRegistry,
@@ -188,6 +190,11 @@ def launch_servers(settings: JobSettings, output: str, epoch: int = 1) -> list[S
 
 @task(name="stop_servers", retries=0)
 def stop_servers(handles: list[ServerHandle], output: str, grace_s: float,
-                 api_key: SecretStr | None = None) -> StopReport:
+                 api_key: SecretStr | None = None, check_gpu_memory: bool = False,
+                 ) -> StopReport:
+    """Stop the fleet; with real SGLang also wait for nvidia-smi to show the memory freed."""
     secrets = (api_key.get_secret_value(),) if api_key else ()
-    return stop_fleet(handles, registry_for(Path(output)), grace_s, secrets)
+    report = stop_fleet(handles, registry_for(Path(output)), grace_s, secrets)
+    if check_gpu_memory:
+        report = replace(report, gpus_busy=wait_memory_released([h.gpu for h in handles]))
+    return report

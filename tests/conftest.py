@@ -16,7 +16,9 @@ from infra.processes import port_is_free
 from tasks.health import wait_until_healthy
 from tasks.servers import ServerHandle, build_launch_specs, launch_fleet, registry_for, stop_fleet
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+# ../shared beside the checkout (as CI lays it out), or wherever EXPANSION_SHARED points.
+SHARED = Path(os.environ.get("EXPANSION_SHARED")
+              or Path(__file__).resolve().parents[1].parent / "shared")
 _counter = itertools.count()
 
 

@@ -72,26 +72,18 @@ class GpuProfile:
 _QWEN35_27B_MAMBA = MambaShape(num_heads=48, head_dim=128, state_size=128, n_groups=16,
                                conv_kernel=4)
 
+_QWEN36_27B = ModelProfile(
+    name="Qwen/Qwen3.6-27B", architecture="Qwen3_5ForConditionalGeneration",
+    num_layers=64, num_linear_layers=48, num_kv_heads=4, head_dim=256, v_head_dim=256,
+    weights_gib=51.74, context_length=262144, mamba=_QWEN35_27B_MAMBA,
+    vlm_mem_factor=0.925, active_params_b=27.0,
+)
+
 MODELS: dict[str, ModelProfile] = {
-    "qwen3.6-27b": ModelProfile(
-        name="Qwen/Qwen3.6-27B", architecture="Qwen3_5ForConditionalGeneration",
-        num_layers=64, num_linear_layers=48, num_kv_heads=4, head_dim=256, v_head_dim=256,
-        weights_gib=51.74, context_length=262144, mamba=_QWEN35_27B_MAMBA,
-        vlm_mem_factor=0.925, active_params_b=27.0,
-    ),
+    "qwen3.6-27b": _QWEN36_27B,
     # FP8 checkpoint: ~1 byte/param for the linear layers, bf16 embeddings, ViT and norms.
-    "qwen3.6-27b-fp8": ModelProfile(
-        name="Qwen/Qwen3.6-27B-FP8", architecture="Qwen3_5ForConditionalGeneration",
-        num_layers=64, num_linear_layers=48, num_kv_heads=4, head_dim=256, v_head_dim=256,
-        weights_gib=27.5, context_length=262144, mamba=_QWEN35_27B_MAMBA,
-        vlm_mem_factor=0.925, active_params_b=27.0,
-    ),
-    "qwen3.5-27b": ModelProfile(
-        name="Qwen/Qwen3.5-27B", architecture="Qwen3_5ForConditionalGeneration",
-        num_layers=64, num_linear_layers=48, num_kv_heads=4, head_dim=256, v_head_dim=256,
-        weights_gib=51.74, context_length=262144, mamba=_QWEN35_27B_MAMBA,
-        vlm_mem_factor=0.925, active_params_b=27.0,
-    ),
+    "qwen3.6-27b-fp8": replace(_QWEN36_27B, name="Qwen/Qwen3.6-27B-FP8", weights_gib=27.5),
+    "qwen3.5-27b": replace(_QWEN36_27B, name="Qwen/Qwen3.5-27B"),  # same shapes (§3.1)
     "qwen3-next-80b-a3b": ModelProfile(
         name="Qwen/Qwen3-Next-80B-A3B-Instruct", architecture="Qwen3NextForCausalLM",
         num_layers=48, num_linear_layers=36, num_kv_heads=2, head_dim=256, v_head_dim=256,

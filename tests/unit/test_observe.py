@@ -15,6 +15,13 @@ from tests.conftest import SHARED
 SAMPLES = SHARED / "sglang-samples"
 
 
+def test_the_real_samples_are_there() -> None:
+    """The sample-driven tests below must not pass by having nothing to read."""
+    assert (SAMPLES / "logs.txt").is_file(), f"{SAMPLES} missing: set EXPANSION_SHARED"
+    assert len(list((SAMPLES / "server_info").glob("*.json"))) >= 5
+    assert len(list((SAMPLES / "metrics").glob("*.txt"))) >= 3
+
+
 def test_hybrid_decode_line_from_the_reference() -> None:
     line = ("[2026-07-20 14:03:40] Decode batch, #running-req: 16, #full token: 76032, full "
             "token usage: 0.21, mamba num: 48, mamba usage: 0.60, accept len: 3.21, accept "
