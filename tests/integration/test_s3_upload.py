@@ -99,3 +99,57 @@ def test_resume_on_a_new_machine_restores_from_the_bucket(tmp_path: Path, s3_end
     assert Ledger(fresh).committed().keys() == {0, 1, 2}
     assert (fresh / "plan.json").read_bytes() == (out / "plan.json").read_bytes()
     assert restore_from(dest, fresh) == 0  # already has a plan: nothing to do
+
+
+def test_s3_503s_are_retried_and_the_upload_completes(tmp_path: Path, s3_endpoint: str,
+                                                      bucket: str) -> None:
+    """A proxy in front of the S3 server answers 503 SlowDown to the first PUTs."""
+    import http.client
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import urlparse
+
+    target = urlparse(s3_endpoint)
+    refused = {"count": 0}
+
+    class Flaky(BaseHTTPRequestHandler):
+        def _forward(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.command == "PUT" and refused["count"] < 3:
+                refused["count"] += 1
+                err = (b'<?xml version="1.0"?><Error><Code>SlowDown</Code>'
+                       b"<Message>Please reduce your request rate.</Message></Error>")
+                self.send_response(503)
+                self.send_header("Content-Length", str(len(err)))
+                self.end_headers()
+                self.wfile.write(err)
+                return
+            conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+            conn.request(self.command, self.path, body=body, headers=dict(self.headers))
+            resp = conn.getresponse()
+            data = resp.read()
+            self.send_response(resp.status)
+            for key, value in resp.getheaders():
+                if key.lower() not in ("content-length", "transfer-encoding", "connection"):
+                    self.send_header(key, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        out = committed_output(tmp_path, shards=2)
+        dest = S3Destination(bucket, "slow", f"http://127.0.0.1:{proxy.server_port}",
+                             attempts=5)
+        report = upload_committed(out, dest)
+    finally:
+        proxy.shutdown()
+    assert refused["count"] == 3  # the 503s really happened, and were retried through
+    assert report.uploaded == 4
+    assert len(keys(s3_endpoint, bucket)) == 6
