@@ -69,7 +69,7 @@ def pipeline_run(servers: int, time_scale: float, prompts: int) -> float:
         src.write_text("".join(json.dumps({"id": i, "prompt": t}) + "\n"
                                for i, t in enumerate(texts)))
         settings = load_settings(None, engine="sim", gpus=list(range(servers)),
-                                 model=MODEL, output=str(Path(tmp) / "out"), base_port=35000,
+                                 model=MODEL, output=str(Path(tmp) / "out"), base_port=21000,
                                  shard_size=50, **{
                                      "sim.gpu": GPU, "sim.time_scale": time_scale,
                                      "sim.startup_s": 0.5, "sim.sglang_version": VERSION,
@@ -187,11 +187,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="2 and 8 servers, one time scale")
+    ap.add_argument("--configs", default="2:10,2:40,8:10,32:2",
+                    help="servers:time_scale pairs to measure")
     ap.add_argument("--big-repeats", type=int, default=1,
                     help="runs of the 32-server configuration (5+ minutes each here)")
     args = ap.parse_args()
     rows = []
-    configs = [(2, 10.0), (2, 40.0), (8, 10.0), (32, 2.0)]
+    configs = [(int(a), float(b)) for a, b in (c.split(":") for c in args.configs.split(","))]
     if args.quick:
         configs = [(2, 10.0), (8, 10.0)]
     for servers, scale in configs:
@@ -201,7 +203,7 @@ def main() -> None:
         print(f"| {servers} servers, time scale {scale:g} | {statistics.median(runs):.3f} |",
               flush=True)
 
-    port = 35900
+    port = 28900
     server = instant_server_process(port)
     try:
         url = f"http://127.0.0.1:{port}"

@@ -89,7 +89,7 @@ def main() -> None:
                      "client.concurrency_per_server": sc["concurrency"],
                      "sampling.max_new_tokens": sc["max_new_tokens"], "shard_size": 50,
                      "tuning.window_s": 4.0, "tuning.sample_interval_s": 0.5,
-                     "base_port": 34000, **{f"server.{k}": v for k, v in sc["server"].items()}}
+                     "base_port": 22000, **{f"server.{k}": v for k, v in sc["server"].items()}}
         summary = generate(prompts=str(prompts), output=str(out), model=sc["model"],
                            gpus=list(range(args.gpus)), overrides=overrides)
         entries = [e for e in TuningLedger(out / "tuning.jsonl").entries()

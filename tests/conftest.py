@@ -30,7 +30,8 @@ def _worker_index() -> int:
 def free_port_block(size: int) -> int:
     """A base port with `size` consecutive free ports, distinct per xdist worker."""
     for _ in range(200):
-        base = 32000 + _worker_index() * 4000 + (next(_counter) * 16) % 3900
+        # Below the kernel's ephemeral range (32768+), where client sockets take local ports.
+        base = 20000 + _worker_index() * 4000 + (next(_counter) * 16) % 3900
         if all(port_is_free("127.0.0.1", base + i) for i in range(size)):
             return base
     raise RuntimeError("no free port block")
