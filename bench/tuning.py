@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 SCENARIOS = {
     "seed-000": {
         "model": "qwen3.6-27b-fp8", "gpu": "rtx-pro-6000", "version": "0.5.23",
-        "time_scale": 20.0, "max_new_tokens": 1024, "prompts": 2000,
+        "time_scale": 10.0, "max_new_tokens": 2048, "prompts": 2000,
         "server": {"mamba_strategy": "extra_buffer"}, "concurrency": 32,
     },
     "seed-004": {

@@ -306,7 +306,8 @@ def _run_epochs(settings: JobSettings, state: JobState, out: Path, dest: Destina
         decision, mem_ceiling = restart_on_regression.with_options(cache_policy=NO_CACHE)(
             result, failure, epoch, settings.server, settings.client.concurrency_per_server,
             str(ledger.path), hw.model, hw.gpu, hw.version, mem_ceiling,
-            settings.tuning.min_predicted_gain, settings.tuning.avg_context)
+            settings.tuning.min_predicted_gain, settings.tuning.avg_context,
+            settings.tuning.allow_lossy)
         if failure is not None and decision is None:
             raise ServerStartFailed(f"servers failed to start and no earlier config worked: "
                                     f"{failure}", handles[0], "")
@@ -351,7 +352,7 @@ def _watch(settings: JobSettings, hw: Hardware, plan: MemoryPlan | None, caps: l
             return None
         return propose(diag, settings.server, settings.client.concurrency_per_server,
                        hw.model, hw.gpu, hw.version, tried, mem_ceiling, tuning.avg_context,
-                       tuning.min_predicted_gain)
+                       tuning.min_predicted_gain, tuning.allow_lossy)
 
     best = ledger.best()
     return RegressionWatch(

@@ -93,6 +93,8 @@ class TuningSettings(BaseModel):
                                       description="restart only if the model predicts this gain")
     avg_context: float = Field(2048.0, gt=0,
                                description="tokens in context per request, for predictions")
+    allow_lossy: bool = Field(False, description="let the tuner change numerics (bf16 SSM "
+                              "state, fp8 KV): faster, but outputs change")
 
 
 class JobSettings(BaseSettings):

@@ -309,11 +309,13 @@ def _combined_moves(model: ModelProfile, flags: ServerFlags, plan: MemoryPlan | 
 def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
             model: ModelProfile, gpu: GpuProfile, version: SGLangVersion, tried: set[str],
             mem_ceiling: float = MAX_MEM_FRACTION, avg_context: float = 2048.0,
-            min_gain: float = 1.1) -> Proposal | None:
+            min_gain: float = 1.1, allow_lossy: bool = False) -> Proposal | None:
     """The next configuration to try, or None when nothing promises a gain.
 
     Never repeats a ledger entry; keeps mem_fraction_static under `mem_ceiling` (lowered
-    after an OOM); keeps MTP unless the model predicts that dropping it wins."""
+    after an OOM); keeps MTP unless the model predicts that dropping it wins; never changes
+    numerics (SSM state or KV dtype) unless `allow_lossy` — a data-generation job should not
+    get different outputs because the tuner wanted speed."""
     if diagnosis.kind == "client-bound":
         if concurrency is None or config_key(flags, None) in tried:
             return None  # already cap + queue: the fleet is just running out of work
@@ -331,6 +333,9 @@ def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
     best: tuple[float, str, ServerFlags] | None = None
     for label, candidate in options:
         if config_key(candidate, None) in tried or candidate == flags:
+            continue
+        if not allow_lossy and (candidate.mamba_ssm_dtype != flags.mamba_ssm_dtype
+                                or candidate.kv_cache_dtype != flags.kv_cache_dtype):
             continue
         if (candidate.mem_fraction_static or 0.0) > mem_ceiling:
             continue
@@ -384,6 +389,7 @@ class RegressionWatch:
         self.enabled = enabled
         self.stop = threading.Event()
         self.result = WatchResult()
+        self._slow_checks = 0
         self._done = threading.Event()
         self._started = monitor.now()
         self._thread = threading.Thread(target=self._run, name="regression-watch", daemon=True)
@@ -431,8 +437,13 @@ class RegressionWatch:
     def _reason(self, diag: Diagnosis) -> str:
         tok = diag.tok_s_per_gpu
         if self.baseline and tok < 0.95 * self.baseline:
-            return (f"rollback: {tok:,.0f} tok/s per GPU is slower than the best earlier "
-                    f"config ({self.baseline:,.0f})")
+            # Two checks in a row: one slow window can be ramp-up or a noisy neighbour.
+            self._slow_checks += 1
+            if self._slow_checks >= 2:
+                return (f"rollback: {tok:,.0f} tok/s per GPU is slower than the best earlier "
+                        f"config ({self.baseline:,.0f}) in two windows running")
+            return ""
+        self._slow_checks = 0
         if diag.kind == "unhealthy":
             return f"unhealthy: {diag.evidence}"
         below = self.target is not None and tok < self.target
@@ -472,7 +483,8 @@ def decide_next(result: WatchResult | None, failure: str | None, epoch: int,
                 flags: ServerFlags, concurrency: int | None, ledger: TuningLedger,
                 model: ModelProfile | None, gpu: GpuProfile | None,
                 version: SGLangVersion | None, mem_ceiling: float, min_gain: float,
-                avg_context: float) -> tuple[NextConfig | None, float]:
+                avg_context: float, allow_lossy: bool = False,
+                ) -> tuple[NextConfig | None, float]:
     """Record what this epoch did and choose the next configuration (None: keep going as is).
 
     Returns (next config or None, the possibly lowered mem_fraction ceiling)."""
@@ -512,7 +524,7 @@ def decide_next(result: WatchResult | None, failure: str | None, epoch: int,
     if model is None or gpu is None or version is None:
         return None, mem_ceiling
     proposal = propose(result.diagnosis, flags, concurrency, model, gpu, version,
-                       ledger.tried(), mem_ceiling, avg_context, min_gain)
+                       ledger.tried(), mem_ceiling, avg_context, min_gain, allow_lossy)
     if proposal is None:
         return None, mem_ceiling
     return NextConfig(proposal.flags, proposal.concurrency,
@@ -524,6 +536,7 @@ def restart_on_regression(result: WatchResult | None, failure: str | None, epoch
                           flags: ServerFlags, concurrency: int | None, ledger_path: str,
                           model: ModelProfile | None, gpu: GpuProfile | None,
                           version: SGLangVersion | None, mem_ceiling: float, min_gain: float,
-                          avg_context: float) -> tuple[NextConfig | None, float]:
+                          avg_context: float, allow_lossy: bool = False,
+                          ) -> tuple[NextConfig | None, float]:
     return decide_next(result, failure, epoch, flags, concurrency, TuningLedger(Path(
-        ledger_path)), model, gpu, version, mem_ceiling, min_gain, avg_context)
+        ledger_path)), model, gpu, version, mem_ceiling, min_gain, avg_context, allow_lossy)

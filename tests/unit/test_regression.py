@@ -133,3 +133,20 @@ def test_pools_from_caps_reads_a_live_server() -> None:
     view = pools_from_caps(31, 157, "extra_buffer")
     assert view is not None and view.binding_limit == "mamba" and view.slot_ratio == 5
     assert pools_from_caps(128, None, None) is None
+
+
+def test_policy_does_not_change_numerics_unless_allowed() -> None:
+    diag = Diagnosis("mamba-bound", "", 500.0)
+    tried: set[str] = set()
+    for _ in range(6):  # walk the policy's choices: none may touch the SSM or KV dtype
+        p = propose(diag, EB, 32, FP8, RTX, V, tried)
+        if p is None:
+            break
+        assert p.flags.mamba_ssm_dtype is None and p.flags.kv_cache_dtype == "auto"
+        tried.add(config_key(p.flags, None))
+    lossy = propose(diag, EB.with_changes(mamba_strategy="no_buffer",
+                                          mem_fraction_static=0.9,
+                                          mamba_full_memory_ratio=1.8,
+                                          max_running_requests=256),
+                    None, FP8, RTX, V, set(), allow_lossy=True)
+    assert lossy is not None and lossy.flags.mamba_ssm_dtype == "bfloat16"
