@@ -93,6 +93,9 @@ class TuningSettings(BaseModel):
                                       description="restart only if the model predicts this gain")
     avg_context: float = Field(2048.0, gt=0,
                                description="tokens in context per request, for predictions")
+    drain_timeout_s: float = Field(
+        3.0, ge=0, le=3600, description="before a restart, how long in-flight requests of "
+        "shards that can still complete may finish (the rest are redone after)")
     allow_lossy: bool = Field(False, description="let the tuner change numerics (bf16 SSM "
                               "state, fp8 KV): faster, but outputs change")
 

@@ -143,13 +143,14 @@ class Dispatcher:
     """Runs pending shards through the fleet and commits each shard when it is complete."""
 
     def __init__(self, endpoints: list[Endpoint], opts: DispatchOptions, commit: CommitFn,
-                 stop: asyncio.Event | None = None) -> None:
+                 stop: asyncio.Event | None = None, drain_timeout_s: float = 60.0) -> None:
         if not endpoints:
             raise FleetDown("no healthy servers to dispatch to")
         self.endpoints = endpoints
         self.opts = opts
         self.commit = commit
         self.stop = stop or asyncio.Event()
+        self.drain_timeout_s = drain_timeout_s
         self.stats = DispatchStats()
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._shards: dict[int, _Shard] = {}
@@ -187,7 +188,7 @@ class Dispatcher:
                             "the next run")
                     await asyncio.sleep(0.02)
                 if self.stop.is_set():
-                    await self._drain()
+                    await self._drain(self.drain_timeout_s)
             finally:
                 for task in workers:
                     task.cancel()

@@ -101,7 +101,8 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
 
     async def main() -> DispatchStats:
         stop_event = asyncio.Event()
-        dispatcher = Dispatcher(endpoints, opts, commit, stop_event)
+        dispatcher = Dispatcher(endpoints, opts, commit, stop_event,
+                                settings.tuning.drain_timeout_s)
         watcher = None
         if stop is not None:
             async def watch() -> None:
