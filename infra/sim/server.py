@@ -155,6 +155,19 @@ class SimServer:
             await asyncio.sleep(3600)
         return None
 
+    async def _run_unless_abandoned(self, prompt_tokens: int, target: int,
+                                    request: Request | None) -> None:
+        """Like SGLang, a request whose client went away is aborted and frees its slots."""
+        job = asyncio.ensure_future(self.engine.submit(prompt_tokens, target))
+        while True:
+            done, _ = await asyncio.wait({job}, timeout=0.5)
+            if done:
+                job.result()
+                return
+            if request is not None and await request.is_disconnected():
+                job.cancel()
+                raise asyncio.CancelledError
+
     def after_completion(self) -> None:
         self.completed += 1
         limit = self.cfg.faults.crash_after_requests
@@ -163,7 +176,8 @@ class SimServer:
             os._exit(1)
 
     # --- generation ------------------------------------------------------------------
-    async def generate_one(self, prompt: str, sampling: dict[str, Any]) -> dict[str, Any]:
+    async def generate_one(self, prompt: str, sampling: dict[str, Any],
+                           request: Request | None = None) -> dict[str, Any]:
         prompt_tokens = count_prompt_tokens(prompt)
         max_new = int(sampling.get("max_new_tokens") or 128)
         if prompt_tokens + max_new > self.plan.context_len:
@@ -174,7 +188,7 @@ class SimServer:
                 f"messages and {max_new} tokens for the completion.")
         result = complete(prompt, sampling, self.cfg.seed)
         started = time.monotonic()
-        await self.engine.submit(prompt_tokens, result.completion_tokens)
+        await self._run_unless_abandoned(prompt_tokens, result.completion_tokens, request)
         latency = time.monotonic() - started
         self.after_completion()
         finish: dict[str, Any] = ({"type": "stop", "matched": EOS_TOKEN_ID}
@@ -251,7 +265,7 @@ def build_app(server: SimServer) -> Starlette:
             return fault
         sampling = dict(body.get("sampling_params") or {})
         try:
-            out = await server.generate_one(body["text"], sampling)
+            out = await server.generate_one(body["text"], sampling, request)
         except ValueError as exc:
             return _bad_request(str(exc), openai=False)
         return JSONResponse(out)
@@ -282,7 +296,7 @@ def build_app(server: SimServer) -> Starlette:
         if body.get("seed") is not None:
             sampling["sampling_seed"] = body["seed"]
         try:
-            out = await server.generate_one(prompt, sampling)
+            out = await server.generate_one(prompt, sampling, request)
         except ValueError as exc:
             return _bad_request(str(exc), openai=True)
         meta = out["meta_info"]
