@@ -143,14 +143,15 @@ class SimServer:
             return True
         return request.headers.get("authorization") == f"Bearer {self.cfg.api_key}"
 
-    async def maybe_fault(self) -> Response | None:
+    async def maybe_fault(self, request: Request) -> Response | None:
         f = self.cfg.faults
         roll = self.rng.random()
         if roll < f.error_rate:
             return JSONResponse({"error": {"message": "simulated internal error"}},
                                 status_code=500)
         if roll < f.error_rate + f.reset_rate:
-            raise ConnectionResetError("simulated connection reset")
+            reset_connection(request)
+            await asyncio.sleep(3600)  # the connection is gone; nothing will be sent
         if roll < f.error_rate + f.reset_rate + f.hang_rate:
             await asyncio.sleep(3600)
         return None
@@ -210,6 +211,23 @@ class SimServer:
         }
 
 
+def reset_connection(request: Request) -> None:
+    """Abort the TCP connection with a RST (SO_LINGER 0), as a crashing peer would.
+
+    Reaches uvicorn's transport through the ASGI receive callable (its request cycle)."""
+    import socket
+    import struct
+
+    cycle = getattr(getattr(request, "_receive", None), "__self__", None)
+    transport = getattr(cycle, "transport", None)
+    if transport is None:
+        raise ConnectionResetError("simulated connection reset")
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
 def _bad_request(message: str, openai: bool) -> JSONResponse:
     if openai:
         return JSONResponse({"object": "error", "message": message, "type": "BadRequestError",
@@ -260,7 +278,7 @@ def build_app(server: SimServer) -> Starlette:
         body = await read_json(request)
         if body is None or not isinstance(body.get("text"), str):
             return _bad_request("`text` (a string) is required", openai=False)
-        fault = await server.maybe_fault()
+        fault = await server.maybe_fault(request)
         if fault is not None:
             return fault
         sampling = dict(body.get("sampling_params") or {})
@@ -287,7 +305,7 @@ def build_app(server: SimServer) -> Starlette:
             if not isinstance(raw, str):
                 return _bad_request("`prompt` (a string) is required", openai=True)
             prompt = raw
-        fault = await server.maybe_fault()
+        fault = await server.maybe_fault(request)
         if fault is not None:
             return fault
         sampling = {"max_new_tokens": body.get("max_tokens") or body.get("max_completion_tokens")

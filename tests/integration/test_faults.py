@@ -102,3 +102,15 @@ def test_malformed_answers_are_retried_then_recorded(tmp_path: Path) -> None:
     rows, errors = committed[0]
     assert rows == [] and len(errors) == 10
     assert "malformed answer" in errors[0]["error"]
+
+
+def test_connection_resets_are_retried(sim_fleet) -> None:
+    import httpx
+
+    handles = sim_fleet(2, **{"sim.faults": {"reset_rate": 0.2}})
+    with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
+        for _ in range(50):  # a reset is a dropped connection, not an HTTP answer
+            httpx.post(f"{handles[0].url}/generate", json={"text": "x"}, timeout=10)
+    eps = [Endpoint(f"s{h.index}", h.url, 4, "c") for h in handles]
+    committed = run(eps, 4, opts())
+    assert len(ids(committed)) == 40 and len(set(ids(committed))) == 40
