@@ -13,7 +13,6 @@ always points at a complete file. Resume = plan minus manifest.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -212,8 +211,3 @@ def _parquet_bytes(rows: list[dict[str, Any]]) -> bytes:
         {"id": pl.Series([], dtype=pl.String)})
     frame.write_parquet(buf)
     return buf.getvalue()
-
-
-def remove_file(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()

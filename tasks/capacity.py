@@ -12,9 +12,7 @@ from prefect import task
 from pydantic import SecretStr
 
 from infra.sglang.client import ServerAnswerError, get_server_info
-from infra.sglang.flags import ServerFlags
-from infra.sglang.memory import MemoryPlan, plan_memory
-from infra.sglang.profiles import gpu_profile, model_profile
+from infra.sglang.memory import MemoryPlan
 from infra.sglang.server_info import parse_server_info
 from tasks.servers import ServerHandle
 
@@ -54,14 +52,6 @@ def client_limit(cap: Capacity, configured: int | None, queue_target: int) -> in
     if configured is not None:
         return configured
     return max(1, cap.max_running_requests + queue_target)
-
-
-def predicted_plan(model: str, gpu: str, flags: ServerFlags, version: str) -> MemoryPlan | None:
-    """The memory model's prediction for these flags, or None for a model without a profile."""
-    try:
-        return plan_memory(model_profile(model), gpu_profile(gpu), flags, version)
-    except ValueError:
-        return None
 
 
 def capacity_note(plan: MemoryPlan | None, capacities: list[Capacity]) -> str:

@@ -20,7 +20,6 @@ from infra.gpu import wait_memory_released
 from infra.processes import (
     ProcessRecord,
     ProcessRegistry,
-    port_is_free,
     spawn,
     terminate,
     wait_ports_free,
@@ -174,10 +173,6 @@ def redact_logs(paths: list[Path], secrets: tuple[str, ...]) -> None:
             tmp = path.with_name(f".{path.name}.tmp")
             tmp.write_bytes(clean)
             os.replace(tmp, path)
-
-
-def ports_free(handles: list[ServerHandle]) -> bool:
-    return all(port_is_free(h.record.host, h.record.port) for h in handles)
 
 
 @task(name="launch_servers", retries=0)

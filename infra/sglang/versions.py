@@ -22,7 +22,6 @@ RELEASE_DATES: dict[tuple[int, int, int], date] = {
     (0, 5, 15): date(2026, 7, 7),
     (0, 5, 23): date(2026, 10, 20),
 }
-LATEST_KNOWN = max(RELEASE_DATES)
 
 STRATEGY_FLAG_ADDED = date(2025, 12, 14)  # --mamba-scheduler-strategy (#14792)
 JOINT_SPEC_SOLVE = date(2026, 5, 27)  # intermediate buffers solved with the slot count
@@ -114,10 +113,3 @@ def installed_version() -> SGLangVersion | None:
         return parse_version(metadata.version("sglang"))
     except metadata.PackageNotFoundError:
         return None
-
-
-def is_newer_than_known(version: SGLangVersion) -> bool:
-    match = _VERSION_RE.match(version.label)
-    if not match:
-        return False
-    return (int(match[1]), int(match[2]), int(match[3])) > LATEST_KNOWN
