@@ -99,17 +99,25 @@ class S3Destination:
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def sha256_of(self, key: str) -> str | None:
+    def _read(self, call: str, key: str) -> dict[str, Any] | None:
+        """head_object/get_object; None for a missing key, StorageError for anything else."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            answer: dict[str, Any] = getattr(self.client, call)(Bucket=self.bucket,
+                                                                Key=self._key(key))
         except ClientError as exc:
             if _status(exc) == 404:
                 return None
             raise StorageError(f"{self.label}/{key}: {exc}") from exc
         except BotoCoreError as exc:
             raise StorageError(f"{self.label}: {exc}") from exc
+        return answer
+
+    def sha256_of(self, key: str) -> str | None:
+        head = self._read("head_object", key)
+        if head is None:
+            return None
         meta: dict[str, str] = head.get("Metadata", {})
         return meta.get(SHA_KEY)
 
@@ -147,16 +155,9 @@ class S3Destination:
         return sorted(keys)
 
     def get_bytes(self, key: str) -> bytes | None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            obj = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
-        except ClientError as exc:
-            if _status(exc) == 404:
-                return None
-            raise StorageError(f"{self.label}/{key}: {exc}") from exc
-        except BotoCoreError as exc:
-            raise StorageError(f"{self.label}: {exc}") from exc
+        obj = self._read("get_object", key)
+        if obj is None:
+            return None
         body: bytes = obj["Body"].read()
         return body
 
