@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import platform
 import resource
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +55,41 @@ def analytic_max_tok_s(servers: int, prompt_tokens: float) -> tuple[float, int]:
     return servers * per_server, r
 
 
-def pipeline_run(servers: int, time_scale: float, prompts: int) -> float:
-    """Achieved / analytic for one run of the generate pipeline (no Prefect: the dispatcher,
-    commits and servers are what is measured)."""
+@dataclass(frozen=True)
+class PipelineResult:
+    efficiency: float  # fleet tok/s (modeled time) in steady state ÷ analytic maximum
+    occupancy: float  # mean running requests ÷ cap over the same window
+    client_cpu_s: float  # CPU seconds of this process for the whole dispatch
+
+
+def steady_window(series: list[tuple[float, float]]) -> tuple[float, float, float, float]:
+    """(t0, tokens0, t1, tokens1) where the fleet's cumulative token count crosses 20 % and
+    80 % of its final value, interpolated between samples: ramp-up and the final drain of a
+    finite job are not the pipeline's speed."""
+    total = series[-1][1]
+
+    def crossing(level: float) -> tuple[float, float]:
+        for (ta, va), (tb, vb) in itertools.pairwise(series):
+            if va < level <= vb:
+                return ta + (tb - ta) * (level - va) / (vb - va), level
+        raise ValueError("the token series never crosses the level")
+
+    (t0, v0), (t1, v1) = crossing(0.2 * total), crossing(0.8 * total)
+    return t0, v0, t1, v1
+
+
+def pipeline_run(servers: int, time_scale: float, prompts: int) -> PipelineResult:
+    """One run of the generate pipeline's dispatch path (no Prefect: the dispatcher, shard
+    commits, the fleet monitor and the servers are what is measured).
+
+    Achieved throughput is read from the servers' own `generation_tokens_total` counters,
+    sampled every second by the same FleetMonitor the flow runs: counted per finished request,
+    so it is not quantized by shard commits."""
     from flows.settings import load_settings
     from infra.sim.text import count_prompt_tokens
     from tasks.capacity import measure_fleet
     from tasks.health import wait_until_healthy
+    from tasks.monitor import FleetMonitor
     from tasks.servers import build_launch_specs, launch_fleet, registry_for, stop_fleet
     from tasks.shards import generate_pending, prepare_job
 
@@ -78,30 +108,32 @@ def pipeline_run(servers: int, time_scale: float, prompts: int) -> float:
         out = Path(settings.output)
         state = prepare_job(src, out, settings.shard_size)
         handles = launch_fleet(build_launch_specs(settings, out), registry_for(out), "b", 5.0)
+        monitor = FleetMonitor(1.0, None)
         try:
             wait_until_healthy(handles, None, 120.0)
             caps = measure_fleet(handles, None)
-            commits: list[tuple[float, int]] = []
-            generate_pending(settings, state, caps,
-                             on_commit=lambda e: commits.append((time.monotonic(),
-                                                                 e.output_tokens)))
+            monitor.watch({f"server-{h.index}": h.url for h in handles}, 0)
+            monitor.sample_now()
+            monitor.start()
+            cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+            generate_pending(settings, state, caps)
+            cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+            monitor.stop()
+            monitor.sample_now()
         finally:
             stop_fleet(handles, registry_for(out), 5.0)
-    # Steady state: the commits between 20 % and 80 % of the job's tokens (ramp-up and the
-    # final drain of a finite job are not the pipeline's speed).
-    total = sum(t for _, t in commits)
-    done, lo, hi = 0, None, None
-    for when, tokens in commits:
-        done += tokens
-        if lo is None and done >= 0.2 * total:
-            lo = (when, done)
-        if hi is None and done >= 0.8 * total:
-            hi = (when, done)
-    assert lo is not None and hi is not None and hi[0] > lo[0]
-    achieved = (hi[1] - lo[1]) / (hi[0] - lo[0]) / time_scale
+    rounds: dict[float, list[Any]] = {}
+    for sample in monitor.snapshot():
+        rounds.setdefault(sample.t, []).append(sample)
+    series = [(t, sum(s.generation_tokens_total or 0.0 for s in group))
+              for t, group in sorted(rounds.items())]
+    t0, v0, t1, v1 = steady_window(series)
+    achieved = (v1 - v0) / (t1 - t0) / time_scale
     prompt_tokens = statistics.fmean(count_prompt_tokens(t) for t in texts)
-    maximum, _cap = analytic_max_tok_s(servers, prompt_tokens)
-    return achieved / maximum
+    maximum, cap = analytic_max_tok_s(servers, prompt_tokens)
+    in_window = [s.running or 0 for t, group in rounds.items() if t0 <= t <= t1 for s in group]
+    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    return PipelineResult(achieved / maximum, statistics.fmean(in_window) / cap, cpu)
 
 
 async def _instant_server(port: int) -> asyncio.AbstractServer:
@@ -140,24 +172,36 @@ def instant_server_process(port: int) -> subprocess.Popen[bytes]:
     return proc
 
 
-def bare_loop(url: str, n: int, concurrency: int) -> float:
+def bare_loop(url: str, n: int, concurrency: int, pool_size: int | None = None) -> float:
+    """Requests/s of the simplest async loop: `concurrency` coroutines posting in turn.
+
+    pool_size=None shares one httpx client (the textbook loop); a number gives each group of
+    that many coroutines its own client, as the dispatcher does (see tasks/dispatch.py)."""
     import httpx
+
+    from infra.sglang.client import tls_context
 
     async def main() -> float:
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in range(n):
             queue.put_nowait(i)
-        limits = httpx.Limits(max_connections=concurrency + 8)
-        async with httpx.AsyncClient(limits=limits) as client:
-            async def worker() -> None:
-                while not queue.empty():
-                    queue.get_nowait()
-                    resp = await client.post(f"{url}/generate", json={"text": "x"})
-                    resp.json()
+        size = pool_size or concurrency + 8
+        limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
+        clients = [httpx.AsyncClient(limits=limits, verify=tls_context())
+                   for _ in range(0, concurrency, size)]
 
-            t0 = time.perf_counter()
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-            return n / (time.perf_counter() - t0)
+        async def worker(client: httpx.AsyncClient) -> None:
+            while not queue.empty():
+                queue.get_nowait()
+                resp = await client.post(f"{url}/generate", json={"text": "x"})
+                resp.json()
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(clients[i // size]) for i in range(concurrency)))
+        rate = n / (time.perf_counter() - t0)
+        for client in clients:
+            await client.aclose()
+        return rate
 
     return asyncio.run(main())
 
@@ -187,43 +231,55 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="2 and 8 servers, one time scale")
-    ap.add_argument("--configs", default="2:10,2:40,8:10,32:2",
+    ap.add_argument("--configs", default="2:10,2:40,8:10,8:40,32:2,32:5",
                     help="servers:time_scale pairs to measure")
-    ap.add_argument("--big-repeats", type=int, default=1,
-                    help="runs of the 32-server configuration (5+ minutes each here)")
+    ap.add_argument("--big-repeats", type=int, default=None,
+                    help="runs of 32+-server configurations (default: --repeats)")
     args = ap.parse_args()
-    rows = []
+    rows: list[dict[str, Any]] = []
+    print('| configuration | efficiency | occupancy | client CPU / 1,000 | runs |')
     configs = [(int(a), float(b)) for a, b in (c.split(":") for c in args.configs.split(","))]
     if args.quick:
         configs = [(2, 10.0), (8, 10.0)]
     for servers, scale in configs:
-        repeats = args.big_repeats if servers >= 32 else args.repeats
+        repeats = (args.big_repeats or args.repeats) if servers >= 32 else args.repeats
         runs = [pipeline_run(servers, scale, prompts=servers * 52 * 8) for _ in range(repeats)]
-        rows.append((servers, scale, statistics.median(runs)))
-        print(f"| {servers} servers, time scale {scale:g} | {statistics.median(runs):.3f} |",
+        row = {"servers": servers, "time_scale": scale, "runs": len(runs),
+               "efficiency": round(statistics.median(r.efficiency for r in runs), 3),
+               "occupancy": round(statistics.median(r.occupancy for r in runs), 3),
+               "client_cpu_s_per_1000": round(statistics.median(
+                   r.client_cpu_s for r in runs) / (servers * 52 * 8) * 1000, 2)}
+        rows.append(row)
+        print(f"| {servers} servers, time scale {scale:g} | {row['efficiency']:.3f} | "
+              f"{row['occupancy']:.3f} | {row['client_cpu_s_per_1000']:.2f} s | {len(runs)} |",
               flush=True)
+
+    from tasks.dispatch import POOL_CONNECTIONS
 
     port = 28900
     server = instant_server_process(port)
     try:
         url = f"http://127.0.0.1:{port}"
         n, conc = 5000, 64
-        bare = [bare_loop(url, n, conc) for _ in range(args.repeats)]
+        naive = [bare_loop(url, n, conc) for _ in range(args.repeats)]
+        bare = [bare_loop(url, n, conc, POOL_CONNECTIONS) for _ in range(args.repeats)]
         disp = [dispatcher_loop(url, n, conc) for _ in range(args.repeats)]
     finally:
         server.kill()
+    naive_rate = statistics.median(naive)
     bare_rate = statistics.median(bare)
     disp_rate = statistics.median(r for r, _ in disp)
     cpu_per_1000 = statistics.median(c for _, c in disp)
-    print(f"| dispatcher vs bare httpx loop, instant server | {disp_rate:,.0f} vs "
-          f"{bare_rate:,.0f} req/s = {disp_rate / bare_rate:.2f} |")
-    print(f"| client CPU per 1,000 completions | {cpu_per_1000:.2f} s |")
+    print(f"| dispatcher vs bare httpx loop (same pool size), instant server | "
+          f"{disp_rate:,.0f} vs {bare_rate:,.0f} req/s = {disp_rate / bare_rate:.2f} |")
+    print(f"| bare loop with one shared client ({conc} in flight) | {naive_rate:,.0f} req/s |")
+    print(f"| client CPU per 1,000 completions, instant server | {cpu_per_1000:.2f} s |")
     print(json.dumps({
-        "pipeline_efficiency": round(min(r[2] for r in rows), 3),
+        "pipeline_efficiency": min(r["efficiency"] for r in rows),
         "dispatch_ratio": round(disp_rate / bare_rate, 3),
         "client_cpu_s_per_1000": round(cpu_per_1000, 3),
-        "by_config": [{"servers": s, "time_scale": t, "efficiency": round(e, 3)}
-                      for s, t, e in rows],
+        "bare_one_client_req_s": round(naive_rate),
+        "by_config": rows,
         "machine": f"{platform.machine()} {platform.python_version()} "
                    f"{len(__import__('os').sched_getaffinity(0))} cores",
     }))

@@ -1,7 +1,11 @@
-"""The async dispatcher: one httpx pool, per-server in-flight limits, retries, shard assembly.
+"""The async dispatcher: per-server in-flight limits, retries, shard assembly.
 
 Each server gets as many worker coroutines as its in-flight limit; all pull from one queue,
 so a free slot anywhere takes the next prompt (least-loaded routing without bookkeeping).
+Workers share small httpx clients of at most POOL_CONNECTIONS connections each, never one big
+pool: httpcore's pool bookkeeping is quadratic in its connection count (encode/httpcore#1035,
+still open in 1.0.9), and with ~450 connections in one pool it ate most of a core and starved
+the servers (docs/BENCHMARKS.md).
 Transient failures (connection errors, 5xx, timeouts) are retried with exponential backoff
 and jitter, on whichever server is free next; a server that keeps refusing connections is
 dropped. A prompt that fails permanently (4xx, or too many tries) becomes an error row with
@@ -11,6 +15,7 @@ its reason, and the job goes on. A shard is committed as soon as all its rows ar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -20,9 +25,10 @@ from typing import Any
 
 import httpx
 
-from infra.sglang.client import auth_headers
+from infra.sglang.client import auth_headers, tls_context
 
 DEAD_AFTER_CONNECT_FAILURES = 3
+POOL_CONNECTIONS = 16  # workers per httpx client; each worker holds at most one connection
 
 
 class FleetDown(RuntimeError):
@@ -161,17 +167,31 @@ class Dispatcher:
         self._fatal: FleetDown | None = None
         self._rng = random.Random()
 
+    def _clients(self) -> list[tuple[Endpoint, httpx.AsyncClient]]:
+        """One (endpoint, client) per worker; a client serves at most POOL_CONNECTIONS workers
+        of one server, so its pool never queues and its bookkeeping stays small."""
+        limits = httpx.Limits(max_connections=POOL_CONNECTIONS,
+                              max_keepalive_connections=POOL_CONNECTIONS)
+        timeout = httpx.Timeout(self.opts.request_timeout_s, connect=10.0)
+        headers = auth_headers(self.opts.api_key)
+        slots: list[tuple[Endpoint, httpx.AsyncClient]] = []
+        client: httpx.AsyncClient | None = None
+        for ep in self.endpoints:
+            for i in range(ep.limit):
+                if client is None or i % POOL_CONNECTIONS == 0:
+                    client = httpx.AsyncClient(limits=limits, timeout=timeout, verify=tls_context(),
+                                               headers=headers)
+                slots.append((ep, client))
+        return slots
+
     async def run(self, shards: Iterator[tuple[int, list[dict[str, Any]]]]) -> DispatchStats:
         capacity = sum(e.limit for e in self.endpoints)
-        limits = httpx.Limits(max_connections=capacity + 8,
-                              max_keepalive_connections=capacity + 8)
-        timeout = httpx.Timeout(self.opts.request_timeout_s, connect=10.0)
-        async with httpx.AsyncClient(limits=limits, timeout=timeout,
-                                     headers=auth_headers(self.opts.api_key)) as client:
-            self._client = client
+        slots = self._clients()
+        async with contextlib.AsyncExitStack() as stack:
+            for client in {id(c): c for _, c in slots}.values():
+                await stack.enter_async_context(client)
             feeder = asyncio.create_task(self._feed(shards, window=max(2 * capacity, 64)))
-            workers = [asyncio.create_task(self._worker(ep))
-                       for ep in self.endpoints for _ in range(ep.limit)]
+            workers = [asyncio.create_task(self._worker(ep, client)) for ep, client in slots]
             try:
                 while not feeder.done():
                     if self._fatal is not None:
@@ -221,7 +241,7 @@ class Dispatcher:
             if not rows:
                 await self._finish(shard_id)
 
-    async def _worker(self, ep: Endpoint) -> None:
+    async def _worker(self, ep: Endpoint, client: httpx.AsyncClient) -> None:
         while ep.name not in self._dead:
             if self.stop.is_set():
                 return
@@ -235,18 +255,18 @@ class Dispatcher:
                 return
             self._in_flight += 1
             try:
-                await self._handle(ep, item)
+                await self._handle(ep, client, item)
             except FleetDown as exc:
                 self._fatal = exc
                 return
             finally:
                 self._in_flight -= 1
 
-    async def _handle(self, ep: Endpoint, item: _Item) -> None:
+    async def _handle(self, ep: Endpoint, client: httpx.AsyncClient, item: _Item) -> None:
         path, body = build_request(item.row, self.opts)
         started = time.monotonic()
         try:
-            answer = await self._post(ep, path, body)
+            answer = await self._post(ep, client, path, body)
         except _Permanent as exc:
             await self._record_error(item, str(exc))
             return
@@ -282,9 +302,10 @@ class Dispatcher:
         self._queued[item.shard] = self._queued.get(item.shard, 0) + 1
         self._queue.put_nowait(item)
 
-    async def _post(self, ep: Endpoint, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _post(self, ep: Endpoint, client: httpx.AsyncClient, path: str,
+                    body: dict[str, Any]) -> dict[str, Any]:
         try:
-            resp = await self._client.post(f"{ep.url}{path}", content=json.dumps(body),
+            resp = await client.post(f"{ep.url}{path}", content=json.dumps(body),
                                            headers={"Content-Type": "application/json"})
         except httpx.ConnectError as exc:
             raise _Transient(f"{ep.name}: cannot connect ({exc})", connect=True) from exc
