@@ -2,8 +2,9 @@
 
     python bench/run_all.py [--repeats 3] [--quick]
 
-1. pipeline efficiency: achieved tok/s (modeled GPU time) ÷ the simulator's analytic maximum
-   for the config, for 2, 8 and 32 simulated servers and two time scales;
+1. pipeline efficiency: achieved tok/s (modeled GPU time, from the servers' own token
+   counters) ÷ the simulator's analytic maximum for the config, and occupancy (running ÷ cap),
+   for 2, 8 and 32 simulated servers at two time scales each;
 2. dispatcher throughput against an instant server, relative to a bare async httpx loop on
    the same server, and client CPU seconds per 1,000 completions.
 Medians of --repeats runs; ends with one JSON line (`pipeline_efficiency` is the lowest
