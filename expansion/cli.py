@@ -123,10 +123,12 @@ def run(
     from flows.generate import preflight
 
     try:
-        preflight(settings)  # fast, before Prefect starts and before any output exists
+        warnings = preflight(settings)  # fast, before Prefect starts and before any output
     except ValueError as exc:
         _fail(str(exc))
         return
+    for warning in warnings:
+        err.print(f"[bold yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     configure_local_prefect()
     from flows.generate import generate
     from infra.ledger import PlanMismatch
@@ -204,6 +206,11 @@ def _print_launch_commands(settings: Any) -> None:
     except ValueError as exc:
         _fail(str(exc))
         return
+    from infra.processes import ephemeral_port_warning
+
+    warning = ephemeral_port_warning([s.port for s in specs])
+    if warning:
+        err.print(f"[bold yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     for spec in specs:
         print(spec.shell_line())
 

@@ -28,6 +28,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.report import write_report
 from flows.settings import JobSettings, load_settings
 from infra.ledger import ManifestEntry
+from infra.processes import ephemeral_port_warning
 from infra.prompts import validate_input
 from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
 from infra.sglang.planner import MAX_MEM_FRACTION
@@ -77,16 +78,19 @@ def job_paths(settings: JobSettings, node: str | None) -> tuple[Path, str | None
             settings.upload_target() or str(settings.local_output()))
 
 
-def preflight(settings: JobSettings, check_input: bool = True) -> None:
+def preflight(settings: JobSettings, check_input: bool = True) -> list[str]:
     """Everything that can be checked before a server starts or an output folder appears:
     the input file, the launch commands (version-aware flags), the sim's profiles. Raises
-    ValueError subclasses whose message names the field and the fix."""
+    ValueError subclasses whose message names the field and the fix; returns warnings (legal
+    settings that are likely to hurt)."""
     if check_input:  # the flow skips it: plan_shards validates before any server starts
         validate_input(settings.prompts)
-    build_launch_specs(settings, settings.local_output())
+    specs = build_launch_specs(settings, settings.local_output())
     if settings.engine == "sim":
         model_profile(settings.model)
         gpu_profile(settings.sim.gpu)
+    warning = ephemeral_port_warning([s.port for s in specs])
+    return [warning] if warning else []
 
 
 def _stop_fleet_hook(flow_: Any, flow_run: Any, state: Any) -> None:
@@ -189,7 +193,8 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
     multi-node job: only those shards, published under the node's manifest."""
     logger = get_run_logger()
     settings = job_settings(prompts, output, engine, gpus, model, config_file, overrides)
-    preflight(settings, check_input=False)
+    for warning in preflight(settings, check_input=False):
+        logger.warning(warning)
     out, target = job_paths(settings, node)
     manifest_key = f"manifests/{node}.jsonl" if node else "manifest.jsonl"
     dest: Destination | None = None

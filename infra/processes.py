@@ -163,3 +163,29 @@ class ProcessRegistry:
     def clear(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
+
+
+def ephemeral_port_range(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range"),
+                         ) -> tuple[int, int] | None:
+    """The kernel's range for the local ports of outgoing connections (Linux), if known."""
+    try:
+        low, high = (int(x) for x in path.read_text().split())
+    except (OSError, ValueError):
+        return None
+    return low, high
+
+
+def ephemeral_port_warning(ports: Sequence[int], field: str = "base_port",
+                           span: tuple[int, int] | None = None) -> str | None:
+    """A server port inside the ephemeral range can be taken at any moment by some client's
+    outgoing connection, and the server then fails to bind — usually hours into a job, on a
+    relaunch. Say so before anything starts."""
+    span = span or ephemeral_port_range()
+    if span is None or not ports:
+        return None
+    clash = [p for p in ports if span[0] <= p <= span[1]]
+    if not clash:
+        return None
+    return (f"{field}: server port(s) {clash[0]}–{clash[-1]} lie in the kernel's ephemeral "
+            f"range {span[0]}–{span[1]}, where outgoing connections take their local ports; a "
+            f"relaunch can then fail to bind. Pick a base_port below {span[0]} (default 30000)")

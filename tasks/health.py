@@ -14,6 +14,7 @@ from pydantic import SecretStr
 
 from infra.processes import is_ours_and_alive
 from infra.sglang.client import is_healthy
+from infra.sglang.secret_config import discard, secret_file_of
 from tasks.servers import ServerHandle
 
 LOG_TAIL_LINES = 15
@@ -51,6 +52,7 @@ def wait_until_healthy(handles: list[ServerHandle], api_key: str | None,
                     f"startup; its log {handle.log_path} ends with:\n{tail}", handle, tail)
             if is_healthy(handle.url, api_key, timeout_s=5.0):
                 pending.remove(handle)
+                discard(secret_file_of(handle.record.argv))  # parsed at startup; not needed
         if not pending:
             break
         if time.monotonic() > deadline:

@@ -20,6 +20,7 @@ from infra.gpu import wait_memory_released
 from infra.processes import (
     ProcessRecord,
     ProcessRegistry,
+    ephemeral_port_warning,
     spawn,
     terminate,
     wait_ports_free,
@@ -27,6 +28,7 @@ from infra.processes import (
 from infra.sglang.launch import REDACTED, LaunchSpec, executable, server_args
 from infra.sglang.memory import DEFAULT_VERSION
 from infra.sglang.profiles import model_profile
+from infra.sglang.secret_config import discard, hide_secrets, secret_file_of
 from infra.sglang.versions import SGLangVersion, installed_version, parse_version
 
 
@@ -113,6 +115,8 @@ def stop_stale(registry: ProcessRegistry, grace_s: float) -> list[ProcessRecord]
     if stale:
         terminate(stale, grace_s)
         registry.clear()
+        for record in stale:
+            discard(secret_file_of(record.argv))
     return stale
 
 
@@ -122,13 +126,19 @@ def launch_fleet(specs: list[LaunchSpec], registry: ProcessRegistry,
     stop_stale(registry, grace_s)
     busy = wait_ports_free(specs[0].host, [s.port for s in specs], timeout_s=5.0) if specs else []
     if busy:
+        hint = ephemeral_port_warning(busy)
         raise LaunchError(
             f"base_port: port(s) {', '.join(map(str, busy))} on {specs[0].host} are in use by "
-            "another program; pick another base_port")
+            "another program; pick another base_port" + (f" ({hint})" if hint else ""))
     handles: list[ServerHandle] = []
     try:
         for spec in specs:
-            _proc, record = spawn(spec.argv, spec.env, spec.log_path, spec.port, spec.host)
+            argv, secret_file = hide_secrets(spec.argv, spec.secrets)
+            try:
+                _proc, record = spawn(argv, spec.env, spec.log_path, spec.port, spec.host)
+            except OSError:
+                discard(secret_file)
+                raise
             registry.add(record)
             handles.append(ServerHandle(spec.index, spec.gpu, spec.url, str(spec.log_path),
                                         record, config))
@@ -152,6 +162,8 @@ def stop_fleet(handles: list[ServerHandle], registry: ProcessRegistry,
     finally scrub secrets from the servers' logs (SGLang logs its --api-key at startup)."""
     records = [h.record for h in handles] or registry.load()
     killed = terminate(records, grace_s)
+    for record in records:
+        discard(secret_file_of(record.argv))
     busy = [p for p in wait_ports_free(records[0].host, [r.port for r in records], 10.0)
             ] if records else []
     registry.clear()

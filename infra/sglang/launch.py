@@ -77,6 +77,11 @@ def server_args(flags: ServerFlags, version: SGLangVersion, *, model: str, host:
     check_flags(flags, version, hybrid)
     args = ["--model-path", model, "--host", host, "--port", str(port)]
     if api_key:
+        if "--config" in flags.extra_args:
+            raise UnsupportedFlags(
+                "server.extra_args: --config cannot be combined with api_key (the key reaches "
+                "SGLang in a private --config file of its own); move those options into the "
+                "server settings or extra_args")
         args += ["--api-key", api_key]
     value_flags: list[tuple[str, object]] = [
         ("--mem-fraction-static", flags.mem_fraction_static),

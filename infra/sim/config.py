@@ -10,6 +10,9 @@ import argparse
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
 
 from infra.sglang.flags import ServerFlags
 
@@ -76,10 +79,39 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def merge_config_file(argv: list[str]) -> list[str]:
+    """SGLang's `--config FILE.yaml`: its keys become flags placed before the command line's
+    own, so the command line wins (sglang/srt/utils/server_args_config_parser.py)."""
+    if "--config" not in argv:
+        return argv
+    at = argv.index("--config")
+    if at + 1 >= len(argv):
+        raise ValueError("No config file specified after --config flag!")
+    path = Path(argv[at + 1])
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        raise ValueError(f"Config file must be YAML format, got: {path.suffix}")
+    if not path.exists():
+        raise ValueError(f"Config file not found: {path}")
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(data, dict):
+        raise ValueError("Config file must contain a dictionary at root level")
+    extra: list[str] = []
+    for key, value in data.items():
+        if isinstance(value, bool):
+            extra += [f"--{key}"] if value else []
+        elif isinstance(value, list):
+            extra += [f"--{key}", *map(str, value)] if value else []
+        elif isinstance(value, dict):
+            extra += [f"--{key}", json.dumps(value)]
+        else:
+            extra += [f"--{key}", str(value)]
+    return extra + argv[:at] + argv[at + 2:]
+
+
 def parse_sim_args(argv: list[str], env: dict[str, str] | None = None) -> SimConfig:
     """Parse SGLang argv (unknown flags are ignored, as extras are SGLang's business)."""
     env = dict(os.environ) if env is None else env
-    ns, _unknown = _parser().parse_known_args(argv)
+    ns, _unknown = _parser().parse_known_args(merge_config_file(argv))
     flags = ServerFlags(
         mem_fraction_static=ns.mem_fraction_static,
         max_running_requests=ns.max_running_requests,

@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 import uvicorn
+import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -419,7 +420,11 @@ def update_metrics(server: SimServer) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg = parse_sim_args(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = parse_sim_args(sys.argv[1:] if argv is None else argv)
+    except (ValueError, OSError, yaml.YAMLError) as exc:
+        print(f"ValueError: {exc}", file=sys.stderr, flush=True)  # SGLang: a traceback, exit 1
+        raise SystemExit(1) from exc
     # Like SGLang, the startup line shows every argument, the API key included: the pipeline
     # must redact its log files (tasks.servers.redact_logs), and tests check that it does.
     log(f"server_args=ServerArgs(model_path={cfg.model!r}, host={cfg.host!r}, port={cfg.port}, "

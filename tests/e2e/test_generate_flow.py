@@ -86,6 +86,21 @@ def test_cli_dry_run_prints_one_launch_line_per_gpu() -> None:
     assert len(lines) == 3
     assert all("--mamba-radix-cache-strategy no_buffer" in line for line in lines)
     assert "topsecret" not in proc.stdout
+    assert "warning" not in proc.stderr  # the default base_port is below the ephemeral range
+
+
+def test_cli_warns_about_server_ports_in_the_ephemeral_range() -> None:
+    from infra.processes import ephemeral_port_range
+
+    span = ephemeral_port_range()
+    if span is None:
+        pytest.skip("no /proc/sys/net/ipv4/ip_local_port_range here")
+    proc = subprocess.run(
+        [sys.executable, "-m", "expansion.cli", "run", "--dry-run", "--gpus", "0,1",
+         "--set", f"base_port={span[0]}"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: base_port: server port(s)" in " ".join(proc.stderr.split())
 
 
 def test_cli_bad_setting_is_one_clear_line() -> None:

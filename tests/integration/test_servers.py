@@ -75,3 +75,31 @@ def test_servers_get_their_gpu_and_a_log_each(tmp_path: Path) -> None:
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["3", "5"]
     assert len({s.port for s in specs}) == 2
     assert [s.log_path.name for s in specs] == ["server-0-gpu3.log", "server-1-gpu5.log"]
+
+
+def test_the_api_key_is_never_on_a_command_line(sim_fleet, tmp_path: Path) -> None:
+    """argv is world-readable (/proc/PID/cmdline) and kept in the registry: the key travels
+    in a private --config file instead, deleted once the server is healthy."""
+    import httpx
+
+    from infra.sglang.secret_config import secret_file_of
+    from tasks.health import wait_until_healthy
+
+    key = "sk-argv-test-81d2"
+    handles = sim_fleet(1, wait=False, api_key=key)
+    record = handles[0].record
+    cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes()
+    assert key.encode() not in cmdline and b"--config" in cmdline
+    registry = (tmp_path / "out" / "servers" / "registry.json").read_text()
+    assert key not in registry
+    secret_file = secret_file_of(record.argv)
+    assert secret_file is not None and secret_file.parent.stat().st_mode & 0o777 == 0o700
+    if secret_file.exists():  # the server may not have been polled healthy yet
+        assert secret_file.stat().st_mode & 0o777 == 0o600
+    wait_until_healthy(handles, key, 60.0)
+    assert not secret_file.exists()
+    url = f"{handles[0].url}/generate"
+    body = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
+    assert httpx.post(url, json=body, timeout=30).status_code == 401
+    ok = httpx.post(url, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert ok.status_code == 200

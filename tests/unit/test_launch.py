@@ -80,3 +80,28 @@ def test_unknown_version_string_is_a_clear_error() -> None:
         parse_version("banana")
     with pytest.raises(ValueError, match="older than"):
         parse_version("0.1.0")
+
+
+def test_server_ports_in_the_ephemeral_range_are_warned_about(tmp_path) -> None:
+    from infra.processes import ephemeral_port_range, ephemeral_port_warning
+
+    assert ephemeral_port_warning([30000, 30001], span=(32768, 60999)) is None
+    warning = ephemeral_port_warning([32767, 32768, 32769], span=(32768, 60999))
+    assert warning is not None and warning.startswith("base_port: server port(s) 32768–32769")
+    assert "below 32768" in warning
+    range_file = tmp_path / "range"
+    range_file.write_text("40000\t50000\n")
+    assert ephemeral_port_range(range_file) == (40000, 50000)
+    range_file.write_text("garbage")
+    assert ephemeral_port_range(range_file) is None
+
+
+def test_a_users_config_flag_cannot_be_combined_with_an_api_key() -> None:
+    import pytest
+
+    from infra.sglang.launch import UnsupportedFlags
+
+    flags = ServerFlags(extra_args=("--config", "mine.yaml"))
+    assert "--config" in args(flags)
+    with pytest.raises(UnsupportedFlags, match=r"^server\.extra_args: --config"):
+        args(flags, api_key="k")
