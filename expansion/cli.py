@@ -492,6 +492,34 @@ def inspect(
         console.print(f"last {last['kind']}: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
 
 
+@app.command("install-automation")
+def install_automation(
+    heartbeat_s: Annotated[float, typer.Option(
+        help="PREFECT_FLOWS_HEARTBEAT_FREQUENCY of the workers (the deployment sets 60).")] = 60,
+    window_s: Annotated[float | None, typer.Option(
+        help="Crash a run after this long without a heartbeat (default 3 × heartbeat).")] = None,
+) -> None:
+    """Install (or update) the Prefect automation that marks vanished flow runs Crashed.
+
+    Run once per Prefect server; without it a node that loses power stays Running forever."""
+    configure_local_prefect()
+    from prefect.settings import PREFECT_API_URL
+
+    from infra.prefect_automations import install_zombie_automation
+
+    if not PREFECT_API_URL.value():
+        err.print("[bold yellow]warning:[/] PREFECT_API_URL is not set: the automation goes "
+                  "to this machine's ephemeral Prefect database, which no worker uses; set "
+                  "PREFECT_API_URL to your Prefect server", highlight=False, soft_wrap=True)
+
+    try:
+        action, automation = install_zombie_automation(heartbeat_s, window_s)
+    except ValueError as exc:
+        _fail(str(exc))
+        return
+    console.print(f"{action} automation {automation.name!r} ({automation.id})")
+
+
 @app.command()
 def export(
     output: Annotated[Path, typer.Argument(help="An output folder.")],

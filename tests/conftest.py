@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import socket
@@ -141,16 +142,16 @@ def bucket(s3_endpoint: str) -> str:
     return name
 
 
-@pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+@contextlib.contextmanager
+def running_prefect_server(home: Path) -> Iterator[dict[str, str]]:
     """A real `prefect server start` (SQLite) on 127.0.0.1; yields the env to talk to it."""
+    import signal
     import subprocess
     import sys
     import time
 
     import httpx
 
-    home = tmp_path_factory.mktemp("prefect-server-home")
     port = free_port_block(1)
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_API_HOST": "127.0.0.1",
            "PREFECT_SERVER_API_PORT": str(port), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -161,27 +162,33 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
     log = open(home / "server.log", "wb")  # noqa: SIM115 - closed after the server stops
     proc = subprocess.Popen([str(exe), "server", "start"], env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError((home / "server.log").read_text()[-3000:])
-        time.sleep(0.5)
-    else:
-        proc.kill()
-        raise RuntimeError("prefect server did not become healthy in 180 s")
     try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/api/health",
+                             timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None:
+                raise RuntimeError((home / "server.log").read_text()[-3000:])
+            time.sleep(0.5)
+        else:
+            raise RuntimeError("prefect server did not become healthy in 180 s")
         yield {k: v for k, v in env.items() if k.startswith("PREFECT_")}
     finally:
-        import signal as _signal
-
-        os.killpg(proc.pid, _signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, _signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)
         log.close()
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """One real Prefect server shared by the tests of the `prefect_server` xdist group."""
+    with running_prefect_server(tmp_path_factory.mktemp("prefect-server-home")) as env:
+        yield env
