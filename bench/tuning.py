@@ -70,8 +70,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenario", choices=sorted(SCENARIOS), default="seed-000")
     ap.add_argument("--gpus", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=None,
+                    help="job size (default: the scenario's); a restart has to pay for itself "
+                         "over the work left, so a longer job lets smaller gains through")
     args = ap.parse_args()
-    sc = SCENARIOS[args.scenario]
+    sc = dict(SCENARIOS[args.scenario])
+    if args.prompts:
+        sc["prompts"] = args.prompts
 
     from infra.prefect_env import configure_local_prefect
 
@@ -99,7 +104,7 @@ def main() -> None:
     overheads = [c["cycle_seconds"] - c["startup_seconds"] for c in summary["cycles"]
                  if "cycle_seconds" in c]
     result = {
-        "scenario": args.scenario, "gpus": args.gpus,
+        "scenario": args.scenario, "gpus": args.gpus, "prompts": sc["prompts"],
         "start_tok_s": round(start, 1), "final_tok_s": round(final, 1),
         "gain": round(final / start, 2) if start else None,
         "best_sweep_tok_s": round(best_tok, 1),

@@ -44,6 +44,7 @@ from tasks.regression import (
     WatchResult,
     config_key,
     propose,
+    required_gain,
     restart_on_regression,
 )
 from tasks.servers import (
@@ -285,7 +286,7 @@ def _run_epochs(settings: JobSettings, state: JobState, out: Path, dest: Destina
                     logger.info(note)
                 monitor.watch({f"server-{c.index}": c.url for c in caps}, epoch)
                 watch = _watch(settings, hw, plan, caps, monitor, ledger, mem_ceiling,
-                               restarts, state)
+                               restarts, state, totals, took)
                 watch.start()
                 try:
                     stats = generate_shards.with_options(cache_policy=NO_CACHE)(
@@ -311,7 +312,8 @@ def _run_epochs(settings: JobSettings, state: JobState, out: Path, dest: Destina
         decision, mem_ceiling = restart_on_regression.with_options(cache_policy=NO_CACHE)(
             result, failure, epoch, settings.server, settings.client.concurrency_per_server,
             str(ledger.path), hw.model, hw.gpu, hw.version, mem_ceiling,
-            settings.tuning.min_predicted_gain, settings.tuning.avg_context,
+            result.required_gain if result and result.required_gain is not None
+            else settings.tuning.min_predicted_gain, settings.tuning.avg_context,
             settings.tuning.allow_lossy)
         if failure is not None and decision is None:
             raise ServerStartFailed(f"servers failed to start and no earlier config worked: "
@@ -345,25 +347,44 @@ def _run_epochs(settings: JobSettings, state: JobState, out: Path, dest: Destina
 
 def _watch(settings: JobSettings, hw: Hardware, plan: MemoryPlan | None, caps: list[Capacity],
            monitor: FleetMonitor, ledger: TuningLedger, mem_ceiling: float, restarts: int,
-           state: JobState) -> RegressionWatch:
+           state: JobState, totals: RunTotals, startup_s: float) -> RegressionWatch:
     tuning = settings.tuning
     tried = ledger.tried() | {config_key(settings.server, settings.client.concurrency_per_server)}
     enough_work = len(state.pending) > 2 * len(caps)
     enabled = (tuning.enabled and restarts < tuning.max_restarts and enough_work
                and hw.model is not None)
 
-    def can_propose(diag: Any) -> Any:
+    def can_propose(diag: Any, min_gain: float) -> Any:
         if hw.model is None or hw.gpu is None or hw.version is None:
             return None
         return propose(diag, settings.server, settings.client.concurrency_per_server,
                        hw.model, hw.gpu, hw.version, tried, mem_ceiling, tuning.avg_context,
-                       tuning.min_predicted_gain, tuning.allow_lossy)
+                       min_gain, tuning.allow_lossy)
+
+    # Work left when this epoch started, in prompts; what is done since comes off it.
+    left_at_start = len(state.pending) * settings.shard_size
+    done_at_start = totals.done
+
+    def gain_needed(diag: Any) -> float:
+        left = max(0, left_at_start - (totals.done - done_at_start))
+        per_prompt = (totals.tokens / totals.done if totals.done
+                      else 0.75 * settings.sampling.max_new_tokens)
+        wall_tok_s = diag.tok_s_per_gpu * len(caps) * hw.time_scale
+        if wall_tok_s <= 0:
+            return tuning.min_predicted_gain
+        remaining_s = left * per_prompt / wall_tok_s
+        # A running request is on average half done when the fleet stops: redone after.
+        redo_s = per_prompt / 2 * max(c.max_running_requests for c in caps) / (
+            diag.tok_s_per_gpu * hw.time_scale) if diag.tok_s_per_gpu > 0 else 0.0
+        cost_s = startup_s + tuning.drain_timeout_s + settings.stop_grace_s / 2 + redo_s
+        return required_gain(remaining_s, cost_s, tuning.min_predicted_gain,
+                             tuning.restart_payback)
 
     best = ledger.best()
     return RegressionWatch(
         monitor, {f"server-{c.index}": c.max_running_requests for c in caps}, plan,
         hw.time_scale, tuning.window_s, tuning.target_tok_s_per_gpu,
-        best.tok_s_per_gpu if best else None, can_propose, enabled)
+        best.tok_s_per_gpu if best else None, can_propose, enabled, gain_needed)
 
 
 def _capacity_artifact(settings: JobSettings, caps: list[Capacity]) -> None:

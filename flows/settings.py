@@ -89,8 +89,12 @@ class TuningSettings(BaseModel):
     window_s: float = Field(60.0, gt=0, description="wall seconds of steady state to judge")
     sample_interval_s: float = Field(5.0, gt=0, description="how often /metrics is sampled")
     max_restarts: int = Field(3, ge=0, le=20, description="restart budget for the whole job")
-    min_predicted_gain: float = Field(1.2, ge=1.0,
-                                      description="restart only if the model predicts this gain")
+    min_predicted_gain: float = Field(
+        1.05, ge=1.0, description="never restart for a predicted gain below this (the "
+        "model's own error), however much work is left")
+    restart_payback: float = Field(
+        3.0, ge=1.0, le=100, description="a restart must be predicted to save this many "
+        "times its own cost (start-up, drain, redone requests) over the work left")
     avg_context: float = Field(2048.0, gt=0,
                                description="tokens in context per request, for predictions")
     drain_timeout_s: float = Field(

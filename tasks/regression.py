@@ -9,9 +9,11 @@ concurrency, from the memory model and a ledger of what was tried) → `Regressi
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -358,6 +360,22 @@ def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
 # --- when to restart -------------------------------------------------------------------------
 
 
+def required_gain(remaining_s: float, restart_cost_s: float, floor: float,
+                  payback: float) -> float:
+    """The least predicted speed-up for which a restart pays for itself.
+
+    A restart costs `restart_cost_s` of fleet time (stop, start-up, drain, in-flight work
+    redone); a speed-up g saves remaining_s × (1 − 1/g) on the work left. Require the saving
+    to be `payback` × the cost, and g ≥ `floor` (below it the model's own error dominates).
+    On a 40-hour job +5 % pays; near the end of a job nothing does (inf)."""
+    if remaining_s <= 0:
+        return math.inf
+    share = payback * restart_cost_s / remaining_s
+    if share >= 1.0:
+        return math.inf
+    return max(floor, 1.0 / (1.0 - share))
+
+
 @dataclass
 class WatchResult:
     triggered: bool = False
@@ -365,6 +383,7 @@ class WatchResult:
     diagnosis: Diagnosis | None = None
     measured_tok_s_per_gpu: float | None = None
     triggered_at: float | None = None  # time.monotonic() of the trigger
+    required_gain: float | None = None  # what a restart had to promise at the last check
 
 
 class RegressionWatch:
@@ -376,8 +395,10 @@ class RegressionWatch:
 
     def __init__(self, monitor: FleetMonitor, caps: dict[str, int], plan: MemoryPlan | None,
                  time_scale: float, window_s: float, target_tok_s_per_gpu: float | None,
-                 baseline_tok_s_per_gpu: float | None, can_propose: object,
-                 enabled: bool) -> None:
+                 baseline_tok_s_per_gpu: float | None,
+                 can_propose: Callable[[Diagnosis, float], Proposal | None] | None,
+                 enabled: bool,
+                 gain_needed: Callable[[Diagnosis], float] | None = None) -> None:
         self.monitor = monitor
         self.caps = caps
         self.plan = plan
@@ -385,8 +406,9 @@ class RegressionWatch:
         self.window_s = window_s
         self.target = target_tok_s_per_gpu
         self.baseline = baseline_tok_s_per_gpu
-        self.can_propose = can_propose  # callable(Diagnosis) -> Proposal | None
+        self.can_propose = can_propose  # (diagnosis, least gain) -> Proposal | None
         self.enabled = enabled
+        self.gain_needed = gain_needed  # diagnosis -> least predicted gain worth a restart
         self.stop = threading.Event()
         self.result = WatchResult()
         self._slow_checks = 0
@@ -436,7 +458,9 @@ class RegressionWatch:
 
     def _reason(self, diag: Diagnosis) -> str:
         tok = diag.tok_s_per_gpu
-        if self.baseline and tok < 0.95 * self.baseline:
+        need = self.gain_needed(diag) if self.gain_needed is not None else 1.0
+        self.result.required_gain = need
+        if self.baseline and tok < 0.95 * self.baseline and self.baseline >= need * tok:
             # Two checks in a row: one slow window can be ramp-up or a noisy neighbour.
             self._slow_checks += 1
             if self._slow_checks >= 2:
@@ -447,7 +471,8 @@ class RegressionWatch:
         if diag.kind == "unhealthy":
             return f"unhealthy: {diag.evidence}"
         below = self.target is not None and tok < self.target
-        proposal = self.can_propose(diag) if callable(self.can_propose) else None
+        proposal = (self.can_propose(diag, need)
+                    if self.can_propose is not None and math.isfinite(need) else None)
         if below and proposal is not None:
             return (f"{tok:,.0f} tok/s per GPU is below the target {self.target:,.0f}; "
                     f"{diag.kind}: {diag.evidence}")

@@ -150,3 +150,46 @@ def test_policy_does_not_change_numerics_unless_allowed() -> None:
                                           max_running_requests=256),
                     None, FP8, RTX, V, set(), allow_lossy=True)
     assert lossy is not None and lossy.flags.mamba_ssm_dtype == "bfloat16"
+
+
+def test_a_restart_must_pay_back_on_the_work_left() -> None:
+    import math
+
+    from tasks.regression import required_gain
+
+    # 40 h left, a 5-minute restart: any gain above the model-error floor pays.
+    assert required_gain(40 * 3600, 300, floor=1.05, payback=3) == 1.05
+    # 1 h left: 3 × 300 s must come out of 3,600 s → ≥ 1.33×.
+    assert math.isclose(required_gain(3600, 300, floor=1.05, payback=3), 4 / 3)
+    # Ten minutes left: nothing pays.
+    assert required_gain(600, 300, floor=1.05, payback=3) == math.inf
+    assert required_gain(0, 1, floor=1.05, payback=3) == math.inf
+
+
+def test_watch_asks_for_the_gain_the_work_left_justifies() -> None:
+    from tasks.monitor import FleetMonitor
+    from tasks.regression import Diagnosis, Proposal, RegressionWatch
+
+    asked: list[float] = []
+
+    def can_propose(diag: Diagnosis, min_gain: float) -> Proposal | None:
+        asked.append(min_gain)
+        return Proposal(ServerFlags(mamba_strategy="no_buffer"), None, 2000.0, "x")
+
+    mamba = Diagnosis("mamba-bound", "mamba 0.61, kv 0.20", 500.0)
+    need = {"gain": 1.3}
+    watch = RegressionWatch(FleetMonitor(1.0, None), {"server-0": 32}, None, 1.0, 4.0, None,
+                            None, can_propose, True, lambda d: need["gain"])
+    assert watch._reason(mamba).startswith("mamba-bound")
+    assert asked == [1.3] and watch.result.required_gain == 1.3
+    need["gain"] = float("inf")  # the job is nearly done: no proposal is even asked for
+    assert watch._reason(mamba) == "" and asked == [1.3]
+    # A rollback is a restart too: not worth it when the best config is barely faster.
+    slow = Diagnosis("compute-bound", "", 900.0)
+    need["gain"] = 1.2
+    watch = RegressionWatch(FleetMonitor(1.0, None), {"server-0": 32}, None, 1.0, 4.0, None,
+                            1000.0, can_propose, True, lambda d: need["gain"])
+    assert watch._reason(slow) == "" and watch._reason(slow) == ""
+    need["gain"] = 1.05
+    assert watch._reason(slow) == ""  # first slow window
+    assert watch._reason(slow).startswith("rollback")
