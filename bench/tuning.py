@@ -52,7 +52,7 @@ def sweep(sc: dict, avg_context: float) -> tuple[float, dict]:
     slots = [None] if base.max_mamba_cache_size is None else [None, 80, 120, 160, 200, 240]
     for strategy, mem, ratio, mrr, mamba in itertools.product(
             ["extra_buffer", "no_buffer"], [None, 0.85, 0.88, 0.90, 0.93, MAX_MEM_FRACTION],
-            [None, 1.35, 1.8, 2.7], [None, 128, 256], slots):
+            [None, 1.35, 1.8, 2.7, 3.6, 5.4], [None, 128, 256], slots):
         try:
             flags = base.with_changes(mamba_strategy=strategy, mem_fraction_static=mem,
                                       mamba_full_memory_ratio=ratio, max_running_requests=mrr,

@@ -293,6 +293,9 @@ def _run_epochs(settings: JobSettings, state: JobState, out: Path, dest: Destina
                         settings, state, caps, progress, watch.stop)
                 finally:
                     result = watch.close()
+                if not result.triggered and result.last_check:
+                    logger.info("epoch %d kept its config; last check: %s", epoch,
+                                result.last_check)
                 totals.answers += stats.completed + stats.errors
         finally:
             if handles:
@@ -376,7 +379,8 @@ def _watch(settings: JobSettings, hw: Hardware, plan: MemoryPlan | None, caps: l
         # A running request is on average half done when the fleet stops: redone after.
         redo_s = per_prompt / 2 * max(c.max_running_requests for c in caps) / (
             diag.tok_s_per_gpu * hw.time_scale) if diag.tok_s_per_gpu > 0 else 0.0
-        cost_s = startup_s + tuning.drain_timeout_s + settings.stop_grace_s / 2 + redo_s
+        # Stopping: SGLang exits within seconds of SIGTERM; the grace is only a ceiling.
+        cost_s = startup_s + tuning.drain_timeout_s + min(settings.stop_grace_s, 5.0) + redo_s
         return required_gain(remaining_s, cost_s, tuning.min_predicted_gain,
                              tuning.restart_payback)
 

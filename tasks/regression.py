@@ -384,6 +384,7 @@ class WatchResult:
     measured_tok_s_per_gpu: float | None = None
     triggered_at: float | None = None  # time.monotonic() of the trigger
     required_gain: float | None = None  # what a restart had to promise at the last check
+    last_check: str = ""  # the last check's verdict, for the log when nothing triggered
 
 
 class RegressionWatch:
@@ -473,6 +474,11 @@ class RegressionWatch:
         below = self.target is not None and tok < self.target
         proposal = (self.can_propose(diag, need)
                     if self.can_propose is not None and math.isfinite(need) else None)
+        self.result.last_check = (
+            f"{diag.kind} at {tok:,.0f} tok/s per GPU ({diag.evidence}); a restart had to "
+            f"promise ≥ {need:.2f}× to pay for itself over the work left; "
+            + (f"best candidate: {proposal.reason}" if proposal is not None
+               else "no candidate did"))
         if below and proposal is not None:
             return (f"{tok:,.0f} tok/s per GPU is below the target {self.target:,.0f}; "
                     f"{diag.kind}: {diag.evidence}")
