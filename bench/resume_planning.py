@@ -65,7 +65,7 @@ def child(mode: str, prompts: str, out: str) -> None:
     if mode == "plan":
         Ledger(Path(out)).remove_strays = lambda: []  # type: ignore[method-assign]
         state = prepare_job(Path(prompts), Path(out), SHARD)
-        result = {"pending": len(state.pending)}
+        result: dict[str, float] = {"pending": len(state.pending)}
     elif mode == "validate":
         from infra.prompts import validate_input
 

@@ -17,11 +17,12 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SCENARIOS = {
+SCENARIOS: dict[str, dict[str, Any]] = {
     "seed-000": {
         "model": "qwen3.6-27b-fp8", "gpu": "rtx-pro-6000", "version": "0.5.23",
         "time_scale": 10.0, "max_new_tokens": 2048, "prompts": 2000,

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -23,7 +24,7 @@ def prompts(path: Path, n: int) -> Path:
     return path
 
 
-def overrides(**extra: object) -> dict[str, object]:
+def overrides(**extra: object) -> dict[str, Any]:
     return {"base_port": free_port_block(2), "sim.startup_s": 0.2, "sim.time_scale": 500.0,
             "sampling.max_new_tokens": 32, "shard_size": 50, "stop_grace_s": 5.0, **extra}
 

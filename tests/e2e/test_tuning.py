@@ -49,7 +49,7 @@ def test_seed_000_finds_the_mamba_bottleneck_and_gains_2_4x(prefect_api: None,
     best = max(entries, key=lambda e: e.tok_s_per_gpu or 0.0)
     assert "mamba-bound" in (first.reason or "")
     assert best.flags["mamba_strategy"] == "no_buffer" or (
-        best.flags.get("mamba_full_memory_ratio") or 0.9) > 0.9
+        float(str(best.flags.get("mamba_full_memory_ratio") or 0.9))) > 0.9
     assert (best.tok_s_per_gpu or 0.0) / (first.tok_s_per_gpu or 1.0) >= 2.4, entries
     # The job ends on the best configuration it measured (kept, or rolled back to).
     final = {k: v for k, v in best.flags.items() if v is not None and k != "extra_args"}

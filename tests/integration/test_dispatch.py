@@ -15,7 +15,8 @@ OPTS = DispatchOptions(model="m", api_key=None,
                        request_timeout_s=30, max_attempts=8, backoff_s=0.01)
 
 
-def shards(n_shards: int, size: int, long_ids: set[str] = frozenset()) -> list[tuple[int, list]]:
+def shards(n_shards: int, size: int,
+           long_ids: frozenset[str] | set[str] = frozenset()) -> list[tuple[int, list]]:
     out = []
     for s in range(n_shards):
         rows = []

@@ -12,9 +12,10 @@ from tasks.health import ServerStartFailed, wait_until_healthy
 
 
 def opts(**changes: object) -> DispatchOptions:
-    base = {"model": "m", "api_key": None, "sampling": {"max_new_tokens": 8, "temperature": 0.7,
-                                                        "top_p": 0.9, "seed": 1},
-            "request_timeout_s": 30.0, "max_attempts": 6, "backoff_s": 0.01}
+    base: dict[str, object] = {
+        "model": "m", "api_key": None,
+        "sampling": {"max_new_tokens": 8, "temperature": 0.7, "top_p": 0.9, "seed": 1},
+        "request_timeout_s": 30.0, "max_attempts": 6, "backoff_s": 0.01}
     base.update(changes)
     return DispatchOptions(**base)  # type: ignore[arg-type]
 

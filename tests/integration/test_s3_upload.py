@@ -124,7 +124,7 @@ def test_s3_503s_are_retried_and_the_upload_completes(tmp_path: Path, s3_endpoin
                 self.end_headers()
                 self.wfile.write(err)
                 return
-            conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+            conn = http.client.HTTPConnection(str(target.hostname), target.port, timeout=30)
             conn.request(self.command, self.path, body=body, headers=dict(self.headers))
             resp = conn.getresponse()
             data = resp.read()

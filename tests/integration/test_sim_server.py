@@ -59,11 +59,12 @@ def test_pools_match_the_planner(sim_fleet) -> None:
 
 def test_completions_are_deterministic(sim_fleet) -> None:
     (h,) = sim_fleet(1)
-    req = {"text": "same prompt", "sampling_params": {"max_new_tokens": 24, "sampling_seed": 3}}
+    params: dict[str, object] = {"max_new_tokens": 24, "sampling_seed": 3}
+    req = {"text": "same prompt", "sampling_params": params}
     a = httpx.post(f"{h.url}/generate", json=req).json()
     b = httpx.post(f"{h.url}/generate", json=req).json()
     assert a["text"] == b["text"] and a["output_ids"] == b["output_ids"]
-    expected = complete("same prompt", req["sampling_params"], seed=0)
+    expected = complete("same prompt", params, seed=0)
     assert a["text"] == expected.text
 
 

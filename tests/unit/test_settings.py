@@ -51,7 +51,7 @@ def test_dotenv_file_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 ])
 def test_invalid_values_name_the_field(key: str, value: object, needle: str) -> None:
     with pytest.raises(SettingsError) as info:
-        load_settings(**{key: value})
+        load_settings(None, **{key: value})
     assert needle in str(info.value)
     assert "\n" not in str(info.value)
 
