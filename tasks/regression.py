@@ -156,8 +156,13 @@ def diagnose(windows: list[ServerWindow], caps: dict[str, int],
         return Diagnosis("client-bound", f"{usage}: servers have free slots and nothing "
                          "queued — raise client concurrency", per_gpu, windows)
     if at_cap and plan is not None and plan.binding_limit == "mamba" and (kv or 0) < 0.5:
+        low = ""
+        if mamba is not None and mamba < 0.5:
+            # SGLang counts live states; the cap reserves ρ slots per request (reference §2.5).
+            low = (f"; mamba usage reads {_pct(mamba)} because it counts live states, not the "
+                   "slots each request reserves")
         return Diagnosis("mamba-bound", f"{usage}: the cap comes from the mamba pool "
-                         f"({plan.how()}) while KV sits mostly empty", per_gpu, windows)
+                         f"({plan.how()}) while KV sits mostly empty{low}", per_gpu, windows)
     if (kv or 0) >= 0.85 or (plan is not None and plan.binding_limit == "kv" and at_cap):
         return Diagnosis("kv-bound", f"{usage}: the KV pool is the limit", per_gpu, windows)
     return Diagnosis("compute-bound", f"{usage}: at the cap with pool headroom; more memory "

@@ -193,3 +193,14 @@ def test_watch_asks_for_the_gain_the_work_left_justifies() -> None:
     need["gain"] = 1.05
     assert watch._reason(slow) == ""  # first slow window
     assert watch._reason(slow).startswith("rollback")
+
+
+def test_no_buffer_at_its_mamba_cap_is_mamba_bound_though_usage_reads_low() -> None:
+    nb = plan_memory(FP8, RTX, ServerFlags(mamba_strategy="no_buffer"), V)
+    assert nb.binding_limit == "mamba" and nb.slot_ratio == 3
+    cap = nb.max_running_requests
+    d = diagnose([w(running=cap, mamba=cap / nb.mamba_slots)], {"s0": cap}, nb)
+    assert d.kind == "mamba-bound"
+    assert "counts live states" in d.evidence
+    seed = diagnose([w()], {"s0": 31}, EB_PLAN)  # extra_buffer at 59 %: no footnote needed
+    assert seed.kind == "mamba-bound" and "live states" not in seed.evidence
