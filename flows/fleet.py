@@ -11,18 +11,21 @@ No home-made scheduler: placement, retries of the flow process and cancellation 
 
 from __future__ import annotations
 
+import math
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
+from prefect.states import Cancelled, Cancelling, State
 
 from flows.generate import job_settings
 from infra.ledger import Ledger, make_plan
 from infra.prompts import validate_input
-from infra.storage import open_destination
+from infra.storage import Destination, open_destination
 from tasks.upload import merge_manifests
 
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
@@ -40,15 +43,59 @@ def split(pending: list[int], parts: int) -> list[list[int]]:
     return [c for c in out if c]
 
 
-def _wait_all(run_ids: list[Any], poll_s: float) -> dict[str, str]:
+@dataclass
+class NodeWatch:
+    """When a node run last showed progress (a shard published), to spot one that is stuck:
+    alive and heartbeating — so Prefect's zombie automation never fires — but doing nothing
+    (hung GPU, a server wedged, or no worker ever picking it up)."""
+
+    node: str
+    run_id: Any
+    published: int = 0
+    since: float = field(default_factory=time.monotonic)
+
+    def stalled(self, published: int, now: float, stall_s: float) -> bool:
+        if published > self.published:
+            self.published, self.since = published, now
+            return False
+        return stall_s > 0 and now - self.since > stall_s
+
+
+def published_shards(dest: Destination, node: str) -> int:
+    data = dest.get_bytes(f"manifests/{node}.jsonl")
+    return len((data or b"").splitlines())
+
+
+def _wait_all(watches: list[NodeWatch], poll_s: float, dest: Destination, stall_s: float,
+              logger: Any) -> dict[str, str]:
+    """Poll the node runs until all are terminal; cancel one that publishes nothing for
+    `stall_s` (its unpublished shards go to the next round)."""
     states: dict[str, str] = {}
+    check_every = max(poll_s, min(30.0, stall_s / 4)) if stall_s > 0 else math.inf
+    next_check = time.monotonic() + check_every
     with get_client(sync_client=True) as client:
         while True:
-            for rid in run_ids:
-                run = client.read_flow_run(rid)
-                states[str(rid)] = run.state.type.value if run.state else "PENDING"
+            for w in watches:
+                run = client.read_flow_run(w.run_id)
+                states[str(w.run_id)] = run.state.type.value if run.state else "PENDING"
             if all(s in TERMINAL for s in states.values()):
                 return states
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + check_every
+                for w in watches:
+                    state = states[str(w.run_id)]
+                    if state in TERMINAL or state == "CANCELLING":
+                        continue
+                    if w.stalled(published_shards(dest, w.node), now, stall_s):
+                        logger.warning("%s published no shard for %.0f s (state %s): "
+                                       "cancelling it; its shards go to the next round",
+                                       w.node, now - w.since, state)
+                        message = f"no progress for {now - w.since:.0f} s (node_stall_timeout_s)"
+                        # A run that never started has no process to stop: end it at once.
+                        new: State[Any] = (Cancelling(message=message) if state == "RUNNING"
+                                            else Cancelled(message=message))
+                        client.set_flow_run_state(w.run_id, new, force=True)
             time.sleep(poll_s)
 
 
@@ -56,8 +103,12 @@ def _wait_all(run_ids: list[Any], poll_s: float) -> dict[str, str]:
 def generate_fleet(output: str, prompts: str | None = None, nodes: int = 2,
                    deployment: str = "generate/expansion", gpus: list[int] | None = None,
                    overrides: dict[str, Any] | None = None, node_port_stride: int = 0,
-                   max_rounds: int = 4, poll_s: float = 2.0) -> dict[str, Any]:
-    """Spread one job over `nodes` runs of the generate deployment; survive losing a node."""
+                   max_rounds: int = 4, poll_s: float = 2.0,
+                   node_stall_timeout_s: float = 3600.0) -> dict[str, Any]:
+    """Spread one job over `nodes` runs of the generate deployment; survive losing a node.
+
+    A node run that publishes no shard for `node_stall_timeout_s` (start-up included; 0 turns
+    the watchdog off) is cancelled, and its shards go to the next round."""
     logger = get_run_logger()
     settings = job_settings(prompts, output, None, gpus, None, None, overrides)
     root = settings.local_output()
@@ -89,7 +140,8 @@ def generate_fleet(output: str, prompts: str | None = None, nodes: int = 2,
             runs.append((node, run.id, chunk))
             logger.info("%s: %d shards (%d–%d) → flow run %s", node, len(chunk), chunk[0],
                         chunk[-1], run.id)
-        states = _wait_all([rid for _, rid, _ in runs], poll_s)
+        states = _wait_all([NodeWatch(node, rid) for node, rid, _ in runs], poll_s, dest,
+                           node_stall_timeout_s, logger)
         committed = {e.shard for e in merge_manifests(dest)}
         pending = [s for s in range(plan.num_shards) if s not in committed]
         lost = {node: states[str(rid)] for node, rid, _ in runs
