@@ -142,6 +142,21 @@ def bucket(s3_endpoint: str) -> str:
     return name
 
 
+def stop_process_group(proc: Any, first: int, timeout_s: float = 20.0) -> None:
+    """Signal a child started with start_new_session=True and everything it spawned; SIGKILL
+    the group if it has not exited within `timeout_s`."""
+    import signal
+    import subprocess
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, first)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 @contextlib.contextmanager
 def running_prefect_server(home: Path) -> Iterator[dict[str, str]]:
     """A real `prefect server start` (SQLite) on 127.0.0.1; yields the env to talk to it."""
@@ -178,12 +193,7 @@ def running_prefect_server(home: Path) -> Iterator[dict[str, str]]:
             raise RuntimeError("prefect server did not become healthy in 180 s")
         yield {k: v for k, v in env.items() if k.startswith("PREFECT_")}
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_process_group(proc, signal.SIGTERM)
         log.close()
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from infra.ledger import Ledger
 from infra.processes import ProcessRegistry, is_alive, port_is_free
-from tests.conftest import free_port_block
+from tests.conftest import free_port_block, stop_process_group
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).parent / "prefect")
@@ -50,11 +50,7 @@ def worker(prefect_server: dict[str, str], tmp_path_factory: pytest.TempPathFact
     try:
         yield env
     finally:
-        os.killpg(proc.pid, signal.SIGINT)  # workers stop cleanly on SIGINT, not SIGTERM
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_process_group(proc, signal.SIGINT)  # workers stop cleanly on SIGINT, not SIGTERM
         log.close()
 
 

@@ -18,7 +18,7 @@ import polars as pl
 import pytest
 
 from infra.processes import ProcessRegistry
-from tests.conftest import free_port_block
+from tests.conftest import free_port_block, stop_process_group
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).parent / "prefect")
@@ -61,11 +61,7 @@ def two_nodes(prefect_server: dict[str, str], s3_endpoint: str,
         yield env
     finally:
         for proc_, log in workers:
-            os.killpg(proc_.pid, signal.SIGINT)
-            try:
-                proc_.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc_.pid, signal.SIGKILL)
+            stop_process_group(proc_, signal.SIGINT)  # workers stop cleanly on SIGINT
             log.close()
 
 
