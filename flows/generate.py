@@ -372,13 +372,12 @@ def _watch(settings: JobSettings, hw: Hardware, plan: MemoryPlan | None, caps: l
         left = max(0, left_at_start - (totals.done - done_at_start))
         per_prompt = (totals.tokens / totals.done if totals.done
                       else 0.75 * settings.sampling.max_new_tokens)
-        wall_tok_s = diag.tok_s_per_gpu * len(caps) * hw.time_scale
-        if wall_tok_s <= 0:
+        gpu_tok_s = diag.tok_s_per_gpu * hw.time_scale  # wall-clock tok/s of one server
+        if gpu_tok_s <= 0:
             return tuning.min_predicted_gain
-        remaining_s = left * per_prompt / wall_tok_s
+        remaining_s = left * per_prompt / (gpu_tok_s * len(caps))
         # A running request is on average half done when the fleet stops: redone after.
-        redo_s = per_prompt / 2 * max(c.max_running_requests for c in caps) / (
-            diag.tok_s_per_gpu * hw.time_scale) if diag.tok_s_per_gpu > 0 else 0.0
+        redo_s = per_prompt / 2 * max(c.max_running_requests for c in caps) / gpu_tok_s
         # Stopping: SGLang exits within seconds of SIGTERM; the grace is only a ceiling.
         cost_s = startup_s + tuning.drain_timeout_s + min(settings.stop_grace_s, 5.0) + redo_s
         return required_gain(remaining_s, cost_s, tuning.min_predicted_gain,
