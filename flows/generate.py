@@ -88,7 +88,7 @@ def preflight(settings: JobSettings, check_input: bool = True) -> list[str]:
         validate_input(settings.prompts)
     specs = build_launch_specs(settings, settings.local_output())
     if settings.engine == "sim":
-        model_profile(settings.model)
+        model_profile(settings.model, settings.weights_gib)
         gpu_profile(settings.sim.gpu)
     warning = ephemeral_port_warning([s.port for s in specs])
     return [warning] if warning else []
@@ -143,7 +143,7 @@ def hardware_of(settings: JobSettings, server_version: str | None) -> Hardware:
     gpu_name = settings.sim.gpu if settings.engine == "sim" else settings.gpu_type
     version_text = settings.sglang_version or server_version
     try:
-        model = model_profile(settings.model)
+        model = model_profile(settings.model, settings.weights_gib)
         gpu = gpu_profile(gpu_name)
         version = parse_version(version_text) if version_text else None
     except ValueError:

@@ -35,7 +35,10 @@ class SamplingSettings(BaseModel):
     max_new_tokens: int = Field(256, ge=1, le=1_000_000)
     temperature: float = Field(0.7, ge=0, le=10)
     top_p: float = Field(0.95, gt=0, le=1)
-    seed: int | None = Field(0, description="sampling seed sent with each request")
+    seed: int | None = Field(0, description="sampling seed sent with each request (SGLang "
+                             "applies it only with --enable-deterministic-inference)")
+    ignore_eos: bool = Field(False, description="generate max_new_tokens every time (fixed "
+                             "lengths: benchmarks, random-weight models)")
 
 
 class ClientSettings(BaseModel):
@@ -121,6 +124,9 @@ class JobSettings(BaseSettings):
     gpus: Annotated[list[int], NoDecode] = Field(default_factory=lambda: [0, 1], min_length=1,
                             description="GPU indices, one server per GPU")
     model: str = Field("Qwen/Qwen3.6-27B", description="model path or HF id")
+    weights_gib: float | None = Field(
+        None, gt=0, description="GiB of weights per GPU, for planning a local model folder "
+        "that has no model.safetensors.index.json (e.g. --load-format dummy)")
     gpu_type: str = Field("rtx-pro-6000", description="GPU profile for planning (sim: modeled)")
     host: str = Field("127.0.0.1", description="address servers bind to")
     base_port: int = Field(30000, ge=1024, le=65000, description="server i listens on base+i")

@@ -1,7 +1,8 @@
 """Read and validate the prompt input, streamed with polars (never the whole text in memory).
 
-Accepted: JSONL or Parquet with an `id` column and `prompt` (text) or `messages` (chat), or
-OpenAI batch JSONL (`custom_id` + `body`). Optional per-row sampling columns override the job
+Accepted: JSONL or Parquet with an `id` column and `prompt` (text), `messages` (chat) or
+`input_ids` (pre-tokenized, for servers run with `--skip-tokenizer-init`), or OpenAI batch
+JSONL (`custom_id` + `body`). Optional per-row sampling columns override the job
 defaults. Problems are reported before any GPU time is spent, naming the row or column.
 """
 
@@ -26,7 +27,7 @@ class InputSummary:
     path: str
     format: str  # jsonl | parquet | openai_batch
     rows: int
-    kind: str  # prompt | messages
+    kind: str  # prompt | messages | input_ids
     ids_sha256: str  # fingerprint of the id sequence: a resume against other input fails
 
 
@@ -70,8 +71,10 @@ def _normalize(lf: pl.LazyFrame, path: Path) -> tuple[pl.LazyFrame, str, str]:
         kind = "prompt"
     elif "messages" in cols:
         kind = "messages"
+    elif "input_ids" in cols:
+        kind = "input_ids"
     else:
-        raise InputError(f"prompts: {path} needs a `prompt` or `messages` column "
+        raise InputError(f"prompts: {path} needs a `prompt`, `messages` or `input_ids` column "
                          f"(columns: {', '.join(cols)})")
     keep = ["id", kind, *[c for c in SAMPLING_COLUMNS if c in cols]]
     fmt = "parquet" if path.suffix == ".parquet" else "jsonl"

@@ -114,10 +114,16 @@ def build_request(row: dict[str, Any], opts: DispatchOptions) -> tuple[str, dict
         }
         if sampling.get("seed") is not None:
             body["seed"] = sampling["seed"]
+        if sampling.get("ignore_eos"):
+            body["ignore_eos"] = True
         return "/v1/chat/completions", body
     params = {k: sampling[k] for k in ("max_new_tokens", "temperature", "top_p")}
     if sampling.get("seed") is not None:
         params["sampling_seed"] = sampling["seed"]
+    if sampling.get("ignore_eos"):
+        params["ignore_eos"] = True
+    if row.get("input_ids") is not None:
+        return "/generate", {"input_ids": list(row["input_ids"]), "sampling_params": params}
     return "/generate", {"text": row["prompt"], "sampling_params": params}
 
 
@@ -127,8 +133,10 @@ def parse_response(path: str, body: Any) -> dict[str, Any]:
         if path == "/generate":
             meta = body["meta_info"]
             reason = meta.get("finish_reason") or {}
+            tokens_only = "text" not in body  # --skip-tokenizer-init answers with ids only
             return {
-                "completion": str(body["text"]),
+                "completion": None if tokens_only else str(body["text"]),
+                **({"output_ids": [int(t) for t in body["output_ids"]]} if tokens_only else {}),
                 "finish_reason": reason.get("type") if isinstance(reason, dict) else str(reason),
                 "prompt_tokens": int(meta["prompt_tokens"]),
                 "completion_tokens": int(meta["completion_tokens"]),

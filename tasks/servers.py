@@ -73,7 +73,7 @@ def build_launch_specs(settings: JobSettings, output: Path, epoch: int = 1) -> l
     version = resolve_version(settings)
     hybrid = True  # a model without a profile: SGLang decides; we only lose planning
     with contextlib.suppress(ValueError):
-        hybrid = model_profile(settings.model).hybrid
+        hybrid = model_profile(settings.model, settings.weights_gib).hybrid
     api_key = settings.api_key.get_secret_value() if settings.api_key else None
     specs = []
     for index, gpu in enumerate(settings.gpus):
@@ -102,6 +102,8 @@ def _sim_env(settings: JobSettings, version: SGLangVersion) -> dict[str, str]:
         "EXPANSION_SIM_SGLANG_VERSION": version.label,
         "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
     }
+    if settings.weights_gib is not None:
+        env["EXPANSION_SIM_WEIGHTS_GIB"] = str(settings.weights_gib)
     if sim.startup_s is not None:
         env["EXPANSION_SIM_STARTUP_S"] = str(sim.startup_s)
     if sim.faults:

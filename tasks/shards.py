@@ -87,7 +87,7 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
         model=settings.model,
         api_key=settings.api_key.get_secret_value() if settings.api_key else None,
         sampling={"max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
-                  "top_p": s.top_p, "seed": s.seed},
+                  "top_p": s.top_p, "seed": s.seed, "ignore_eos": s.ignore_eos},
         request_timeout_s=settings.client.request_timeout_s,
         max_attempts=settings.client.max_attempts,
         backoff_s=settings.client.backoff_s,

@@ -204,7 +204,13 @@ def profile_from_hf_config(path: Path, weights_gib: float | None = None) -> Mode
         draft_layers=int(cfg.get("mtp_num_hidden_layers", cfg.get("num_nextn_predict_layers", 0))),
         vlm_mem_factor=0.925 if "vision_config" in raw else 1.0,
         ssm_dtype_bytes=2 if ssm_dtype in ("bfloat16", "float16") else 4,
+        # Dense: every bf16 weight is touched per token. MoE: unknown from the config alone.
+        active_params_b=0.0 if _is_moe(cfg) else weights_gib * GIB / 2 / 1e9,
     )
+
+
+def _is_moe(cfg: dict[str, object]) -> bool:
+    return any(cfg.get(k) for k in ("num_experts", "n_routed_experts", "num_local_experts"))
 
 
 def _weights_from_index(folder: Path) -> float | None:

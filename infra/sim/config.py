@@ -44,6 +44,8 @@ class SimConfig:
     seed: int = 0
     accept_len: float | None = None
     decode_log_interval: int = 40
+    skip_tokenizer_init: bool = False  # SGLang then takes input_ids only, answers output_ids
+    weights_gib: float | None = None  # for a config.json model folder without an index
     faults: Faults = field(default_factory=Faults)
 
 
@@ -76,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-num-draft-tokens", type=int)
     p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--decode-log-interval", type=int, default=40)
+    p.add_argument("--skip-tokenizer-init", action="store_true")
     return p
 
 
@@ -146,5 +149,8 @@ def parse_sim_args(argv: list[str], env: dict[str, str] | None = None) -> SimCon
         seed=int(env.get("EXPANSION_SIM_SEED", "0")),
         accept_len=float(accept) if accept else None,
         decode_log_interval=ns.decode_log_interval,
+        skip_tokenizer_init=ns.skip_tokenizer_init,
+        weights_gib=float(env["EXPANSION_SIM_WEIGHTS_GIB"]) if env.get("EXPANSION_SIM_WEIGHTS_GIB")
+        else None,
         faults=faults,
     )

@@ -178,9 +178,11 @@ class SimServer:
             os._exit(1)
 
     # --- generation ------------------------------------------------------------------
-    async def generate_one(self, prompt: str, sampling: dict[str, Any],
+    async def generate_one(self, prompt: str | list[int], sampling: dict[str, Any],
                            request: Request | None = None) -> dict[str, Any]:
-        prompt_tokens = count_prompt_tokens(prompt)
+        """One completion; `prompt` is text, or token ids (what SGLang calls input_ids)."""
+        prompt_tokens = (len(prompt) if isinstance(prompt, list)
+                         else count_prompt_tokens(prompt))
         max_new = int(sampling.get("max_new_tokens") or 128)
         if prompt_tokens + max_new > self.plan.context_len:
             raise ValueError(
@@ -188,7 +190,8 @@ class SimServer:
                 f"{self.plan.context_len} tokens. You requested a total of "
                 f"{prompt_tokens + max_new} tokens: {prompt_tokens} tokens from the input "
                 f"messages and {max_new} tokens for the completion.")
-        result = complete(prompt, sampling, self.cfg.seed)
+        result = complete(prompt if isinstance(prompt, str) else json.dumps(prompt), sampling,
+                          self.cfg.seed)
         started = time.monotonic()
         await self._run_unless_abandoned(prompt_tokens, result.completion_tokens, request)
         latency = time.monotonic() - started
@@ -196,8 +199,9 @@ class SimServer:
         finish: dict[str, Any] = ({"type": "stop", "matched": EOS_TOKEN_ID}
                                   if result.finish_reason == "stop"
                                   else {"type": "length", "length": result.completion_tokens})
+        text = {} if self.cfg.skip_tokenizer_init else {"text": result.text}
         return {
-            "text": result.text,
+            **text,
             "output_ids": result.output_ids,
             "meta_info": {
                 "id": uuid.uuid4().hex,
@@ -227,6 +231,25 @@ def reset_connection(request: Request) -> None:
     if sock is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     transport.abort()
+
+
+def _generate_prompt(body: dict[str, Any] | None,
+                     skip_tokenizer_init: bool) -> tuple[str | list[int] | None, str]:
+    """The prompt of a native /generate body (text or input_ids), or None and why not."""
+    if body is None:
+        return None, "request body must be a JSON object"
+    ids = body.get("input_ids")
+    if ids is not None:
+        if (not isinstance(ids, list) or not ids
+                or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
+            return None, "`input_ids` must be a non-empty list of token ids (integers)"
+        return ids, ""
+    if skip_tokenizer_init:
+        return None, ("`input_ids` is required: the server runs with --skip-tokenizer-init "
+                      "and has no tokenizer for `text`")
+    if not isinstance(body.get("text"), str):
+        return None, "`text` (a string) or `input_ids` is required"
+    return body["text"], ""
 
 
 def _bad_request(message: str, openai: bool) -> JSONResponse:
@@ -277,14 +300,15 @@ def build_app(server: SimServer) -> Starlette:
         if not server.ready:
             return JSONResponse({"error": {"message": "server not ready"}}, status_code=503)
         body = await read_json(request)
-        if body is None or not isinstance(body.get("text"), str):
-            return _bad_request("`text` (a string) is required", openai=False)
+        prompt, problem = _generate_prompt(body, cfg.skip_tokenizer_init)
+        if prompt is None:
+            return _bad_request(problem, openai=False)
         fault = await server.maybe_fault(request)
         if fault is not None:
             return fault
-        sampling = dict(body.get("sampling_params") or {})
+        sampling = dict((body or {}).get("sampling_params") or {})
         try:
-            out = await server.generate_one(body["text"], sampling, request)
+            out = await server.generate_one(prompt, sampling, request)
         except ValueError as exc:
             return _bad_request(str(exc), openai=False)
         return JSONResponse(out)
@@ -430,7 +454,7 @@ def main(argv: list[str] | None = None) -> None:
     log(f"server_args=ServerArgs(model_path={cfg.model!r}, host={cfg.host!r}, port={cfg.port}, "
         f"api_key={cfg.api_key!r}, sim_gpu={cfg.gpu!r}, sim_time_scale={cfg.time_scale})")
     try:
-        model = model_profile(cfg.model)
+        model = model_profile(cfg.model, cfg.weights_gib)
         gpu = gpu_profile(cfg.gpu)
     except ValueError as exc:
         fail_start(str(exc))

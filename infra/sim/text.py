@@ -36,6 +36,8 @@ def complete(prompt: str, sampling: dict[str, object], seed: int) -> Completion:
     rng = random.Random(hashlib.sha256(key.encode()).digest())
     max_new = int(sampling.get("max_new_tokens") or 128)  # type: ignore[call-overload]
     wanted = max(1, int(max_new * rng.uniform(0.3, 1.3)))
+    if sampling.get("ignore_eos"):
+        wanted = max_new + 1  # SGLang then always runs to max_new_tokens
     n = min(wanted, max_new)
     ids = [rng.randrange(len(_WORDS)) for _ in range(n)]
     text = " ".join(_WORDS[i] for i in ids)

@@ -47,7 +47,7 @@ def test_openai_batch_jsonl(tmp_path: Path) -> None:
     ([{"id": 1, "prompt": "a"}, {"id": 1, "prompt": "b"}], "row 1: duplicate id '1'"),
     ([{"id": 1, "prompt": "a"}, {"id": 2, "prompt": "  "}], "row 1 (id '2'): empty prompt"),
     ([{"prompt": "a"}], "no `id` column"),
-    ([{"id": 1, "text": "a"}], "needs a `prompt` or `messages` column"),
+    ([{"id": 1, "text": "a"}], "needs a `prompt`, `messages` or `input_ids` column"),
     ([{"id": 1, "prompt": "a"}, {"id": None, "prompt": "b"}], "row 1: `id` is missing"),
 ])
 def test_bad_rows_are_named(tmp_path: Path, rows: list[dict], needle: str) -> None:
