@@ -222,7 +222,7 @@ def plan_memory(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
             if ver.spec_reservation == "joint_padded":
                 base += 1
             intermediate_reserved = p * base * draft
-        pool_slots = slots + 1 if ver.is_0523_or_newer else slots
+        pool_slots = slots + 1 if ver.pads_mamba_pool else slots
         kv_bytes = rest_bytes - pool_slots * p - intermediate_reserved
     else:
         kv_bytes = rest_bytes

@@ -36,6 +36,13 @@ class SGLangVersion:
     label: str
     release: date
     is_0523_or_newer: bool
+    # The mamba pool's padding slot is counted in the slot solve and allocated: seen on
+    # 0.5.17 (246 slots where the unpadded solve gives 247, bench/real_sglang/fit.py), and
+    # in 0.5.23's source.
+    pads_mamba_pool: bool = False
+    # A running request's prefix state stays locked in the radix tree (one more live state
+    # per request in `mamba num`): seen on 0.5.17, not in seed 000's older build.
+    locks_prefix_state: bool = False
 
     @property
     def strategy_flag(self) -> str | None:
@@ -61,7 +68,7 @@ class SGLangVersion:
 
     @property
     def spec_reservation(self) -> str:
-        if self.is_0523_or_newer:
+        if self.pads_mamba_pool:
             return "joint_padded"
         return "joint" if self.release >= JOINT_SPEC_SOLVE else "upfront"
 
@@ -102,7 +109,8 @@ def parse_version(text: str) -> SGLangVersion:
             f"({'.'.join(map(str, min(RELEASE_DATES)))}); upgrade SGLang"
         )
     release = RELEASE_DATES[max(known)]
-    return SGLangVersion(raw, release, is_0523_or_newer=key >= (0, 5, 23))
+    return SGLangVersion(raw, release, is_0523_or_newer=key >= (0, 5, 23),
+                         pads_mamba_pool=key >= (0, 5, 17), locks_prefix_state=key >= (0, 5, 17))
 
 
 def installed_version() -> SGLangVersion | None:

@@ -45,20 +45,27 @@ class EngineStats:
     decode_steps: int = 0
 
 
-def tracking_slots(strategy: str, overlap: bool) -> int:
-    """Slots a running request holds under load: 1 working + ping-pong copies (reference §2.5)."""
+def tracking_slots(strategy: str, overlap: bool, prefix_state: bool = False) -> int:
+    """Live states a running request holds under load, as `mamba num` counts them: 1 working
+    + ping-pong copies (reference §2.5), + 1 when the build keeps the request's prefix state
+    locked in the radix tree while it runs. SGLang 0.5.17 on the H200 showed exactly 2 per
+    request under no_buffer and 4 under extra_buffer (bench/real_sglang/fit.py); seed 000's
+    older build showed 3 under extra_buffer."""
     if strategy == "extra_buffer":
-        return 3 if overlap else 2
-    if strategy == "extra_buffer_lazy":
-        return 2
-    return 1
+        live = 3 if overlap else 2
+    elif strategy == "extra_buffer_lazy":
+        live = 2
+    else:
+        live = 1
+    return live + (1 if prefix_state else 0)
 
 
 class SimEngine:
     """The scheduler loop. `submit` returns the modeled end-to-end latency once done."""
 
     def __init__(self, plan: MemoryPlan, roofline: Roofline, time_scale: float,
-                 log: Callable[[str], None], decode_log_interval: int = 40) -> None:
+                 log: Callable[[str], None], decode_log_interval: int = 40,
+                 prefix_state: bool = False) -> None:
         self.plan = plan
         self.roofline = roofline
         self.time_scale = time_scale
@@ -68,7 +75,8 @@ class SimEngine:
         self.running: list[SimRequest] = []
         self.stats = EngineStats()
         self._wake = asyncio.Event()
-        self._slots_per_request = tracking_slots(plan.mamba_strategy, plan.overlap_schedule)
+        self._slots_per_request = tracking_slots(plan.mamba_strategy, plan.overlap_schedule,
+                                                 prefix_state)
         self._window_tokens = 0.0
         self._window_time = 0.0
         self._modeled_clock = 0.0

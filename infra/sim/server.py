@@ -29,6 +29,7 @@ from starlette.routing import Route
 from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
 from infra.sglang.profiles import gpu_profile, model_profile
 from infra.sglang.roofline import build_roofline
+from infra.sglang.versions import parse_version
 from infra.sim.config import SimConfig, parse_sim_args
 from infra.sim.engine import SimEngine
 from infra.sim.text import EOS_TOKEN_ID, complete, count_prompt_tokens
@@ -481,7 +482,10 @@ def main(argv: list[str] | None = None) -> None:
         log(line)
     time.sleep(delay / 2)
     roofline = build_roofline(model, gpu, cfg.flags, plan, cfg.accept_len)
-    engine = SimEngine(plan, roofline, cfg.time_scale, log, cfg.decode_log_interval)
+    prefix_state = (parse_version(cfg.version).locks_prefix_state
+                    and not cfg.flags.disable_radix_cache)
+    engine = SimEngine(plan, roofline, cfg.time_scale, log, cfg.decode_log_interval,
+                       prefix_state)
     server = SimServer(cfg, plan, engine)
     uvicorn.run(build_app(server), host=cfg.host, port=cfg.port, log_level="warning",
                 access_log=False, timeout_graceful_shutdown=30)
