@@ -36,7 +36,7 @@ def check_server_info(body: dict[str, Any], hybrid: bool = True) -> None:
 
 
 def metric_names(text: str) -> set[str]:
-    names = set()
+    names: set[str] = set()
     for family in text_string_to_metric_families(text):
         names.update(sample.name for sample in family.samples)
     return names
