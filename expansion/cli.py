@@ -492,6 +492,33 @@ def inspect(
         console.print(f"last {last['kind']}: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
 
 
+@app.command("setup-prefect")
+def setup_prefect(
+    timeout_s: Annotated[float, typer.Option(help="How long to wait for the API.")] = 120,
+) -> None:
+    """Wait for the Prefect API, then create the work pools deployments/prefect.yaml uses.
+
+    Run after `prefect server start --background` and before `prefect deploy`."""
+    configure_local_prefect()
+    from prefect.settings import PREFECT_API_URL
+
+    from infra.prefect_setup import PrefectSetupError, ensure_pools, pools_named, wait_for_api
+
+    api_url = PREFECT_API_URL.value()
+    if not api_url:
+        _fail("PREFECT_API_URL: not set; export PREFECT_API_URL=http://127.0.0.1:4200/api "
+              "(or your Prefect server's /api URL) first")
+        return
+    try:
+        took = wait_for_api(api_url, timeout_s)
+        pools = ensure_pools(pools_named())
+    except PrefectSetupError as exc:
+        _fail(str(exc))
+        return
+    console.print(f"Prefect API at {api_url} answered after {took:.1f} s; work pools: "
+                  + ", ".join(f"{name} ({how})" for name, how in pools))
+
+
 @app.command("install-automation")
 def install_automation(
     heartbeat_s: Annotated[float, typer.Option(

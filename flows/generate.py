@@ -393,12 +393,18 @@ def _watch(settings: JobSettings, hw: Hardware, plan: MemoryPlan | None, caps: l
 def _capacity_artifact(settings: JobSettings, caps: list[Capacity]) -> None:
     create_table_artifact(
         key="fleet-capacity", description="servers: config and measured capacity",
-        table=[{"server": c.url, "config": c.config, "sglang": c.version,
-                "max_running_requests": c.max_running_requests,
-                "max_total_num_tokens": c.max_total_num_tokens,
-                "max_mamba_cache_size": c.max_mamba_cache_size,
-                **settings.server.model_dump(exclude={"extra_args"}, exclude_none=True)}
-               for c in caps])
+        table=[capacity_row(settings, c) for c in caps])
+
+
+def capacity_row(settings: JobSettings, cap: Capacity) -> dict[str, Any]:
+    """One server's row: the flags as requested (prefixed), then what the server measured —
+    a requested max_running_requests (256) must never stand in the measured column (85)."""
+    requested = settings.server.model_dump(exclude={"extra_args"}, exclude_none=True)
+    return {"server": cap.url, "config": cap.config, "sglang": cap.version,
+            **{f"requested_{k}": v for k, v in requested.items()},
+            "max_running_requests": cap.max_running_requests,
+            "max_total_num_tokens": cap.max_total_num_tokens,
+            "max_mamba_cache_size": cap.max_mamba_cache_size}
 
 
 class _Progress:

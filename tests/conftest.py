@@ -17,9 +17,8 @@ from infra.processes import port_is_free
 from tasks.health import wait_until_healthy
 from tasks.servers import ServerHandle, build_launch_specs, launch_fleet, registry_for, stop_fleet
 
-# ../shared beside the checkout (as CI lays it out), or wherever EXPANSION_SHARED points.
-SHARED = Path(os.environ.get("EXPANSION_SHARED")
-              or Path(__file__).resolve().parents[1].parent / "shared")
+# Data the tests read, kept in the repository: a plain clone has nothing beside it.
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 _counter = itertools.count()
 
 

@@ -35,7 +35,7 @@ def prefect(env: dict[str, str], *args: str, timeout: float = 300) -> str:
 @pytest.fixture(scope="module")
 def worker(prefect_server: dict[str, str], tmp_path_factory: pytest.TempPathFactory,
            ) -> Iterator[dict[str, str]]:
-    env = {**os.environ, **prefect_server, "EXPANSION_REPO": str(ROOT),
+    env = {**os.environ, **prefect_server,
            "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1",
            "EXPANSION_SIM__STARTUP_S": "0.2", "EXPANSION_STOP_GRACE_S": "5",
            "EXPANSION_SAMPLING__MAX_NEW_TOKENS": "32"}

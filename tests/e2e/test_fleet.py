@@ -37,7 +37,7 @@ def _ppid(pid: int) -> int | None:
 @pytest.fixture(scope="module")
 def two_nodes(prefect_server: dict[str, str], s3_endpoint: str,
               tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    env = {**os.environ, **prefect_server, "EXPANSION_REPO": str(ROOT),
+    env = {**os.environ, **prefect_server,
            "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1",
            "EXPANSION_SIM__STARTUP_S": "0.2", "EXPANSION_STOP_GRACE_S": "5",
            "EXPANSION_STORAGE__ENDPOINT_URL": s3_endpoint,

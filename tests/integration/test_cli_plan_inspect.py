@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import SHARED
+from tests.conftest import FIXTURES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,7 +56,7 @@ def test_plan_refusal_and_bad_flag_are_one_line() -> None:
 
 
 def test_inspect_json_records_have_the_documented_keys() -> None:
-    proc = cli("inspect", str(SHARED / "sglang-samples" / "logs.txt"), "--json")
+    proc = cli("inspect", str(FIXTURES / "sglang-samples" / "logs.txt"), "--json")
     assert proc.returncode == 0, proc.stderr
     records = [json.loads(line) for line in proc.stdout.splitlines()]
     assert records and all(len(r) == 26 for r in records)
@@ -64,10 +64,10 @@ def test_inspect_json_records_have_the_documented_keys() -> None:
 
 
 def test_inspect_summarizes_server_info_and_metrics() -> None:
-    info = cli("inspect", str(SHARED / "sglang-samples" / "server_info" /
+    info = cli("inspect", str(FIXTURES / "sglang-samples" / "server_info" /
                               "get_server_info_v0.5.6_qwen2.5-0.5b_2025-12-08.json"))
     assert "server_info" in info.stdout and "max_total_num_tokens=20480" in info.stdout
-    metrics = cli("inspect", str(SHARED / "sglang-samples" / "metrics" /
+    metrics = cli("inspect", str(FIXTURES / "sglang-samples" / "metrics" /
                                  "docs_production_metrics_2025-03-03_llama-3.1-8b.txt"))
     assert "metrics" in metrics.stdout and "running_req=162" in metrics.stdout
 

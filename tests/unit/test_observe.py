@@ -10,14 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infra.sglang.observe import RECORD_KEYS, parse_any, parse_log_line, parse_metrics
-from tests.conftest import SHARED
+from tests.conftest import FIXTURES
 
-SAMPLES = SHARED / "sglang-samples"
+SAMPLES = FIXTURES / "sglang-samples"
 
 
 def test_the_real_samples_are_there() -> None:
     """The sample-driven tests below must not pass by having nothing to read."""
-    assert (SAMPLES / "logs.txt").is_file(), f"{SAMPLES} missing: set EXPANSION_SHARED"
+    assert (SAMPLES / "logs.txt").is_file(), f"{SAMPLES} missing"
     assert len(list((SAMPLES / "server_info").glob("*.json"))) >= 5
     assert len(list((SAMPLES / "metrics").glob("*.txt"))) >= 3
 

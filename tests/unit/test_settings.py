@@ -68,3 +68,17 @@ def test_missing_or_bad_toml_is_a_clear_error(tmp_path: Path) -> None:
 def test_api_key_is_secret() -> None:
     s = load_settings(api_key="hunter2")
     assert "hunter2" not in repr(s) and "hunter2" not in str(s.model_dump())
+
+
+def test_capacity_row_keeps_measured_and_requested_apart() -> None:
+    """A restart that requested 256 running requests got 85: the artifact must say 85."""
+    from flows.generate import capacity_row
+    from tasks.capacity import Capacity
+
+    settings = load_settings(None, **{"server": {"max_running_requests": 256}})
+    cap = Capacity(index=0, url="http://h:1", version="0.5.17", max_running_requests=85,
+                   max_total_num_tokens=1000, max_mamba_cache_size=255, context_len=None,
+                   config="abc")
+    row = capacity_row(settings, cap)
+    assert row["max_running_requests"] == 85
+    assert row["requested_max_running_requests"] == 256

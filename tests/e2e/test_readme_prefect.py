@@ -1,0 +1,67 @@
+"""The README's Prefect block, pasted as it is into a fresh shell, ends with a Completed run.
+
+The block is read from README.md (not copied here), so the README cannot drift from what
+works: a real `prefect server`, the real deploy, a real process worker, the deployment run
+with `--watch`. Only the port (4200 → a free one) and PREFECT_HOME are the test's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port_block
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def readme_prefect_block() -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### Prefect"):]
+    match = re.search(r"```bash\n(.*?)```", section, re.DOTALL)
+    assert match, "README's Prefect section has no bash block"
+    return match.group(1)
+
+
+def test_block_is_the_documented_sequence() -> None:
+    block = readme_prefect_block()
+    order = ["source .venv/bin/activate", "prefect server start", "expansion setup-prefect",
+             "prefect --no-prompt deploy", "prefect worker start",
+             "prefect deployment run generate/expansion"]
+    positions = [block.index(step) for step in order]
+    assert positions == sorted(positions)
+
+
+@pytest.mark.slow
+def test_readme_prefect_block_runs_as_pasted(tmp_path: Path) -> None:
+    port = free_port_block(1)
+    block = readme_prefect_block().replace("127.0.0.1:4200", f"127.0.0.1:{port}")
+    block = block.replace("prefect server start --background",
+                          f"prefect server start --background --port {port}")
+    script = tmp_path / "block.sh"
+    script.write_text("set -euo pipefail\n" + block)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "VIRTUAL_"))}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_WORKER_QUERY_SECONDS="2")
+    output = ROOT / "expansion-output" / "prefect"
+    shutil.rmtree(output, ignore_errors=True)
+    proc = subprocess.Popen(["bash", str(script)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=420)
+    finally:
+        with_stop = {**env, "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)  # the block's background worker
+        subprocess.run([str(ROOT / ".venv" / "bin" / "prefect"), "server", "stop"],
+                       env=with_stop, capture_output=True, timeout=60)
+    assert proc.returncode == 0, out[-3000:]
+    assert "Completed" in out, out[-3000:]
+    assert len((output / "manifest.jsonl").read_text().splitlines()) == 6  # 600 / 100
+    shutil.rmtree(output, ignore_errors=True)
