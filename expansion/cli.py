@@ -130,14 +130,20 @@ def run(
     for warning in warnings:
         err.print(f"[bold yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     configure_local_prefect()
+    from prefect import tags
+
     from flows.generate import generate
     from infra.ledger import PlanMismatch
+    from infra.prefect_runs import crash_vanished_runs, process_tag
     from infra.prompts import InputError
     from tasks.health import ServerStartFailed
     from tasks.servers import LaunchError
 
+    for name in crash_vanished_runs():
+        err.print(f"note: flow run {name!r} was Running but its process is gone; marked "
+                  "Crashed", highlight=False, soft_wrap=True)
     try:
-        with _manifest_progress(settings.local_output()):
+        with _manifest_progress(settings.local_output()), tags(process_tag()):
             summary = generate(prompts=prompts_path, output=output, engine=engine,
                                gpus=gpu_list, model=model, config_file=config_file,
                                overrides=overrides)
@@ -222,18 +228,11 @@ def _print_summary(summary: dict[str, Any]) -> None:
     for srv in summary["servers"]:
         table.add_row(srv["url"].removeprefix("http://"), str(srv["max_running_requests"]),
                       str(srv["max_total_num_tokens"]), str(srv["max_mamba_cache_size"]))
-    console.print(
-        f"[bold]done[/]: {summary['prompts_done_this_run']} prompts this run "
-        f"({summary['already_committed']} were already committed, "
-        f"{summary['errors_this_run']} errors) of {summary['prompts_total']}; "
-        f"{summary['output_tokens']} output tokens in {summary['seconds']} s = "
-        f"{summary['tok_s']} tok/s ({summary['tok_s_modeled_gpu_time']} tok/s in modeled GPU "
-        "time)")
+    from flows.summary import format_summary
+
+    console.print(format_summary(summary), highlight=False, soft_wrap=True)
     if summary["servers"]:
         console.print(table)
-    if summary.get("capacity_note"):
-        console.print(summary["capacity_note"])
-    console.print(f"output: {summary['output']}")
 
 
 @app.command()

@@ -27,6 +27,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.report import write_report
 from flows.settings import JobSettings, load_settings
+from flows.summary import format_summary
 from infra.ledger import ManifestEntry
 from infra.processes import ephemeral_port_warning
 from infra.prompts import validate_input
@@ -117,6 +118,7 @@ class RunTotals:
     errors: int = 0
     answers: int = 0  # every answer received, including those of shards redone after a drain
     capacities: list[Capacity] = field(default_factory=list)
+    caps_by_epoch: dict[int, dict[str, int]] = field(default_factory=dict)  # for the report
     cycles: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -168,6 +170,7 @@ def summarize(settings: JobSettings, state: JobState, totals: RunTotals,
         "seconds": round(seconds, 2),
         "tok_s": round(wall_tok_s, 1),
         "tok_s_modeled_gpu_time": round(wall_tok_s / hw.time_scale, 1),
+        "time_scale": hw.time_scale,
         "servers": [{"url": c.url, "max_running_requests": c.max_running_requests,
                      "max_total_num_tokens": c.max_total_num_tokens,
                      "max_mamba_cache_size": c.max_mamba_cache_size} for c in caps],
@@ -233,11 +236,11 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
                     rep.skipped)
     summary = summarize(settings, initial, totals, time.monotonic() - started)
     if totals.capacities:
-        report = write_report(out, summary, monitor.snapshot(), totals.cycles,
-                              hardware_of(settings, None).time_scale)
-        create_markdown_artifact(report.read_text(), key="run-report",
+        _, artifact = write_report(out, summary, monitor.snapshot(), totals.cycles,
+                                   hardware_of(settings, None).time_scale, totals.caps_by_epoch)
+        create_markdown_artifact(artifact, key="run-report",
                                  description="throughput, pool usage and restarts")
-    logger.info("done: %s", summary)
+    logger.info(format_summary(summary))
     return summary
 
 
@@ -278,6 +281,8 @@ def _run_epochs(settings: JobSettings, state: JobState, out: Path, dest: Destina
                 caps = measure_capacity.with_options(cache_policy=NO_CACHE)(
                     handles, settings.api_key)
                 totals.capacities = caps
+                totals.caps_by_epoch[epoch] = {f"server-{c.index}": c.max_running_requests
+                                               for c in caps}
                 _capacity_artifact(settings, caps)
                 hw = hardware_of(settings, caps[0].version)
                 plan = hw.plan(settings)

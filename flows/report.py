@@ -1,93 +1,176 @@
-"""The end-of-run report: a markdown summary and an SVG plot of throughput and pool usage.
+"""The end-of-run report: a markdown summary and a PNG of what the fleet did over the run.
 
-Both are written next to the output (`report.md`, `report.svg`); the flow also publishes the
-markdown as a Prefect artifact. The plot is drawn by hand (a few SVG polylines) to avoid a
-plotting dependency for one chart.
+Both are written next to the output (`report.md`, `report.png`); the flow also publishes the
+markdown as a Prefect artifact with the PNG embedded (a data: URI, so the artifact shows
+the picture wherever it is read, with no file server behind it). The plot has three panels
+on one time axis — output tok/s per server and for the fleet, running requests against each
+server's cap, KV and mamba pool usage per server — from the first sample to the end of the
+run, with every restart marked. Drawn with matplotlib (Agg, no display needed).
 """
 
 from __future__ import annotations
 
-import statistics
+import base64
+import io
+import itertools
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from tasks.monitor import Sample
 
-WIDTH, HEIGHT, PAD = 720, 260, 40
+Series = dict[str, list[tuple[float, float]]]
 
 
-def fleet_series(samples: list[Sample], time_scale: float, bucket_s: float = 0.0,
-                 ) -> list[tuple[float, float, float | None, float | None]]:
-    """(t, fleet tok/s in modeled time, mean KV usage, mean mamba usage) per sampling tick."""
-    by_t: dict[float, list[Sample]] = {}
-    for s in samples:
-        by_t.setdefault(round(s.t, 1), []).append(s)
-    times = sorted(by_t)
-    out = []
+def token_rates(samples: list[Sample], time_scale: float) -> Series:
+    """Per server: (t, output tok/s) between consecutive samples of its token counter.
+
+    A server's first sample has no predecessor and gives no point (never a 0 it did not
+    measure); a counter that went back (a restarted server) starts over. tok/s are in the
+    clock of `time_scale` (1: wall clock; the simulator's: modeled GPU time)."""
+    rates: Series = defaultdict(list)
     last: dict[str, tuple[float, float]] = {}
-    for t in times:
-        tok = 0.0
-        for s in by_t[t]:
-            if s.generation_tokens_total is None:
-                continue
-            prev = last.get(s.server)
-            if prev is not None and t > prev[0] and s.generation_tokens_total >= prev[1]:
-                tok += (s.generation_tokens_total - prev[1]) / (t - prev[0]) / time_scale
-            last[s.server] = (t, s.generation_tokens_total)
-        kv = [s.kv_usage for s in by_t[t] if s.kv_usage is not None]
-        mamba = [s.mamba_usage for s in by_t[t] if s.mamba_usage is not None]
-        out.append((t, tok, statistics.fmean(kv) if kv else None,
-                    statistics.fmean(mamba) if mamba else None))
-    return out
+    for s in sorted(samples, key=lambda s: s.t):
+        if s.generation_tokens_total is None:
+            continue
+        prev = last.get(s.server)
+        if prev is not None and s.t > prev[0] and s.generation_tokens_total >= prev[1]:
+            rate = (s.generation_tokens_total - prev[1]) / (s.t - prev[0]) / time_scale
+            rates[s.server].append((s.t, rate))
+        last[s.server] = (s.t, s.generation_tokens_total)
+    return dict(rates)
 
 
-def _polyline(points: list[tuple[float, float]], color: str) -> str:
-    pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
-    return f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{pts}"/>'
+def fleet_rate(rates: Series, bucket_s: float) -> list[tuple[float, float]]:
+    """Sum of the servers' rates per time bucket (the monitor samples all servers per tick)."""
+    buckets: dict[int, float] = defaultdict(float)
+    for points in rates.values():
+        for t, rate in points:
+            buckets[int(t // bucket_s)] += rate
+    return [((k + 1) * bucket_s, v) for k, v in sorted(buckets.items())]
 
 
-def svg_plot(series: list[tuple[float, float, float | None, float | None]]) -> str:
-    if not series:
-        return f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}"/>'
-    t_max = max(p[0] for p in series) or 1.0
-    tok_max = max(p[1] for p in series) or 1.0
+def restart_times(samples: list[Sample]) -> list[tuple[float, int]]:
+    """(time of the first sample of epoch N, N) for every epoch after the first."""
+    first: dict[int, float] = {}
+    for s in samples:
+        first[s.epoch] = min(first.get(s.epoch, s.t), s.t)
+    return sorted((t, e) for e, t in first.items() if e > 1)
 
-    def x(t: float) -> float:
-        return PAD + (WIDTH - 2 * PAD) * t / t_max
 
-    def y(frac: float) -> float:
-        return HEIGHT - PAD - (HEIGHT - 2 * PAD) * frac
+def plot_png(samples: list[Sample], caps: dict[int, dict[str, int]], time_scale: float,
+             run_seconds: float, clock: str) -> bytes:
+    """The three-panel figure as PNG bytes."""
+    import matplotlib
 
-    lines = [_polyline([(x(t), y(tok / tok_max)) for t, tok, _, _ in series], "#1f77b4"),
-             _polyline([(x(t), y(kv)) for t, _, kv, _ in series if kv is not None], "#2ca02c"),
-             _polyline([(x(t), y(m)) for t, _, _, m in series if m is not None], "#d62728")]
-    legend = (f'<text x="{PAD}" y="20" font-size="12">tok/s (blue, max {tok_max:,.0f}), '
-              'KV usage (green), mamba usage (red); x: wall seconds '
-              f'0–{t_max:,.0f}</text>')
-    axes = (f'<line x1="{PAD}" y1="{HEIGHT - PAD}" x2="{WIDTH - PAD}" y2="{HEIGHT - PAD}" '
-            f'stroke="#888"/><line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{HEIGHT - PAD}" '
-            'stroke="#888"/>')
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}">'
-            f'{axes}{legend}{"".join(lines)}</svg>')
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_tok, ax_run, ax_pool) = plt.subplots(3, 1, figsize=(10, 8), sharex=True,
+                                                  constrained_layout=True)
+    rates = token_rates(samples, time_scale)
+    interval = _sample_interval(samples)
+    for server, points in sorted(rates.items()):
+        ax_tok.plot(*zip(*points, strict=True), lw=1, label=server)
+    if len(rates) > 1:
+        ax_tok.plot(*zip(*fleet_rate(rates, interval), strict=True), lw=2, color="black",
+                    label="fleet")
+    ax_tok.set_ylabel(f"output tok/s\n({clock})")
+    ax_tok.set_title("output tokens per second (from each server's generation_tokens_total)")
+    _running_panel(ax_run, samples, caps)
+    _pool_panel(ax_pool, samples)
+    end = max([run_seconds, *(s.t for s in samples)])
+    for ax in (ax_tok, ax_run, ax_pool):
+        ax.set_xlim(0, end)
+        ax.grid(alpha=0.3)
+        for t, epoch in restart_times(samples):
+            ax.axvline(t, color="tab:red", ls="--", lw=1)
+            if ax is ax_tok:
+                ax.annotate(f"restart → epoch {epoch}", (t, 1), xycoords=("data", "axes fraction"),
+                            xytext=(3, -12), textcoords="offset points", color="tab:red",
+                            fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="upper left", fontsize=8, ncols=4)
+    ax_pool.set_xlabel("seconds since the run started (wall clock)")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _sample_interval(samples: list[Sample]) -> float:
+    times = sorted({round(s.t, 1) for s in samples})
+    gaps = sorted(b - a for a, b in itertools.pairwise(times) if b > a)
+    return gaps[len(gaps) // 2] if gaps else 1.0
+
+
+def _running_panel(ax: Any, samples: list[Sample], caps: dict[int, dict[str, int]]) -> None:
+    by_server: Series = defaultdict(list)
+    for s in samples:
+        if s.running is not None:
+            by_server[s.server].append((s.t, float(s.running)))
+    for i, (server, points) in enumerate(sorted(by_server.items())):
+        color = f"C{i % 10}"
+        ax.plot(*zip(*sorted(points), strict=True), lw=1, color=color, label=f"{server} running")
+        for epoch, span in _epoch_spans(samples).items():
+            cap = caps.get(epoch, {}).get(server)
+            if cap is not None:
+                ax.hlines(cap, *span, colors=color, linestyles=":", lw=1.5)
+    ax.set_ylabel("requests")
+    ax.set_title("running requests (solid) against each server's measured cap (dotted)")
+
+
+def _pool_panel(ax: Any, samples: list[Sample]) -> None:
+    kv: Series = defaultdict(list)
+    mamba: Series = defaultdict(list)
+    for s in samples:
+        if s.kv_usage is not None:
+            kv[s.server].append((s.t, 100 * s.kv_usage))
+        if s.mamba_usage is not None:
+            mamba[s.server].append((s.t, 100 * s.mamba_usage))
+    for i, server in enumerate(sorted(set(kv) | set(mamba))):
+        color = f"C{i % 10}"
+        if kv.get(server):
+            ax.plot(*zip(*sorted(kv[server]), strict=True), lw=1, color=color,
+                    label=f"{server} KV")
+        if mamba.get(server):
+            ax.plot(*zip(*sorted(mamba[server]), strict=True), lw=1, color=color, ls="--",
+                    label=f"{server} mamba")
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("pool usage (%)")
+    ax.set_title("KV cache (solid) and mamba state pool (dashed) usage")
+
+
+def _epoch_spans(samples: list[Sample]) -> dict[int, tuple[float, float]]:
+    spans: dict[int, tuple[float, float]] = {}
+    for s in samples:
+        lo, hi = spans.get(s.epoch, (s.t, s.t))
+        spans[s.epoch] = (min(lo, s.t), max(hi, s.t))
+    return spans
 
 
 def write_report(output: Path, summary: dict[str, Any], samples: list[Sample],
-                 cycles: list[dict[str, Any]], time_scale: float) -> Path:
-    series = fleet_series(samples, time_scale)
-    (output / "report.svg").write_text(svg_plot(series))
-    lines = [
-        "# expansion run report", "",
-        f"- output: `{summary['output']}`",
-        f"- prompts: {summary['prompts_done_this_run']} this run, "
-        f"{summary['already_committed']} committed before, {summary['errors_this_run']} "
-        f"errors, {summary['prompts_total']} planned",
-        f"- output tokens: {summary['output_tokens']:,} in {summary['seconds']} s "
-        f"({summary['tok_s_modeled_gpu_time']:,} tok/s in modeled GPU time)",
-        f"- restarts: {summary['restarts']}",
-    ]
-    if summary.get("capacity_note"):
-        lines.append(f"- capacity: {summary['capacity_note']}")
-    lines += ["", "![throughput and pool usage](report.svg)", ""]
+                 cycles: list[dict[str, Any]], time_scale: float,
+                 caps: dict[int, dict[str, int]] | None = None) -> tuple[Path, str]:
+    """Write report.md and report.png; return the markdown path and the artifact text
+    (the same markdown with the picture embedded)."""
+    clock = ("wall clock" if time_scale == 1
+             else f"modeled GPU time = wall-clock rate ÷ {time_scale:g}")
+    png = plot_png(samples, caps or {}, time_scale, float(summary["seconds"]), clock)
+    (output / "report.png").write_bytes(png)
+    body = _markdown(summary, cycles)
+    image = "![throughput, running vs cap and pool usage over the run]"
+    path = output / "report.md"
+    path.write_text(body.replace("{image}", f"{image}(report.png)"))
+    inline = f"{image}(data:image/png;base64,{base64.b64encode(png).decode()})"
+    return path, body.replace("{image}", inline)
+
+
+def _markdown(summary: dict[str, Any], cycles: list[dict[str, Any]]) -> str:
+    from flows.summary import summary_lines
+
+    lines = ["# expansion run report", "", *(f"- {line}" for line in summary_lines(summary)),
+             "", "{image}", ""]
     if cycles:
         lines += ["## Restarts", "", "| epoch | measured tok/s/GPU | diagnosis | reason |",
                   "|---|---|---|---|"]
@@ -101,6 +184,4 @@ def write_report(output: Path, summary: dict[str, Any], samples: list[Sample],
     for s in summary["servers"]:
         lines.append(f"| {s['url']} | {s['max_running_requests']} | "
                      f"{s['max_total_num_tokens']} | {s['max_mamba_cache_size']} |")
-    path = output / "report.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return "\n".join(lines) + "\n"

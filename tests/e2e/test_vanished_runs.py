@@ -1,0 +1,57 @@
+"""`kill -9` of an ad-hoc `expansion run`: the next run on that Prefect database marks the
+dead run Crashed (it would stay Running forever and the UI would lie), and resumes the job."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port_block
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPANSION = str(ROOT / ".venv" / "bin" / "expansion")
+STATES = """
+import json
+from prefect.client.orchestration import get_client
+with get_client(sync_client=True) as c:
+    print(json.dumps({r.name: r.state.type.value for r in c.read_flow_runs()}))
+"""
+
+
+@pytest.mark.slow
+def test_killed_cli_run_is_marked_crashed_by_the_next_run(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    src = tmp_path / "p.jsonl"
+    src.write_text("".join(json.dumps({"id": f"i{i}", "prompt": f"q {i}"}) + "\n"
+                           for i in range(400)))
+    out = tmp_path / "out"
+    args = [EXPANSION, "run", "--prompts", str(src), "--output", str(out), "--set",
+            f"base_port={free_port_block(2)}", "--set", "shard_size=20", "--set",
+            "sim.time_scale=2", "--set", "sim.startup_s=0.2", "--set", "tuning.enabled=false"]
+    first = subprocess.Popen(args, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    manifest = out / "manifest.jsonl"
+    deadline = time.monotonic() + 240
+    while not (manifest.exists() and manifest.read_text().strip()):
+        assert first.poll() is None and time.monotonic() < deadline, "first run never committed"
+        time.sleep(0.5)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(30)
+    second = subprocess.run([*args[:-6], "--set", "sim.time_scale=500", "--set",
+                             "sim.startup_s=0.2", "--set", "tuning.enabled=false"],
+                            env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "its process is gone; marked Crashed" in second.stderr
+    states = subprocess.run([sys.executable, "-c", STATES], env=env, capture_output=True,
+                            text=True, timeout=120)
+    values = sorted(json.loads(states.stdout.strip().splitlines()[-1]).values())
+    assert values == ["COMPLETED", "CRASHED"], states.stdout + states.stderr
+    assert len(manifest.read_text().splitlines()) == 20  # every shard, once

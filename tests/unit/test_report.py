@@ -1,0 +1,63 @@
+"""The run report: a real PNG with axes, rates that never invent a zero, the image embedded
+in the Prefect artifact, and a summary that says which clock its tok/s are in."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+from flows.report import restart_times, token_rates, write_report
+from flows.summary import format_summary, summary_lines
+from tasks.monitor import Sample
+
+
+def sample(t: float, server: str, tokens: float | None, epoch: int = 1) -> Sample:
+    return Sample(t=t, epoch=epoch, server=server, alive=True, running=10, queued=0,
+                  kv_usage=0.2, mamba_usage=0.6, gen_throughput=None,
+                  generation_tokens_total=tokens)
+
+
+def summary(time_scale: float) -> dict:
+    return {"output": "/out", "prompts_total": 10, "prompts_done_this_run": 10,
+            "errors_this_run": 0, "already_committed": 0, "output_tokens": 2000,
+            "seconds": 10.0, "tok_s": 200.0, "tok_s_modeled_gpu_time": 200.0 / time_scale,
+            "time_scale": time_scale, "restarts": 1, "capacity_note": "",
+            "servers": [{"url": "http://h:1", "max_running_requests": 31,
+                         "max_total_num_tokens": 1000, "max_mamba_cache_size": 158}],
+            "cycles": [{"epoch": 1, "diagnosis": "mamba-bound", "reason": "r",
+                        "measured_tok_s_per_gpu": 100.0,
+                        "new_flags": {"mamba_strategy": "no_buffer"}}]}
+
+
+def test_first_sample_gives_no_rate_and_a_restarted_counter_starts_over() -> None:
+    rates = token_rates([sample(1, "a", 100), sample(2, "a", 300), sample(3, "a", 50),
+                         sample(4, "a", 150)], time_scale=1.0)
+    assert rates["a"] == [(2, 200.0), (4, 100.0)]
+    assert token_rates([sample(1, "a", 100), sample(2, "a", 300)], 20.0)["a"] == [(2, 10.0)]
+
+
+def test_restarts_are_found_from_epochs() -> None:
+    samples = [sample(1, "a", 1), sample(5, "a", 2, epoch=2), sample(6, "a", 3, epoch=2)]
+    assert restart_times(samples) == [(5, 2)]
+
+
+def test_report_png_is_embedded_in_the_artifact(tmp_path: Path) -> None:
+    samples = [sample(t, s, 100.0 * t, epoch=1 if t < 6 else 2)
+               for t in range(1, 12) for s in ("server-0", "server-1")]
+    md_path, artifact = write_report(tmp_path, summary(20.0), samples, summary(20.0)["cycles"],
+                                     20.0, {1: {"server-0": 31, "server-1": 31},
+                                            2: {"server-0": 63, "server-1": 63}})
+    png = (tmp_path / "report.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    assert "](report.png)" in md_path.read_text()
+    encoded = artifact.split("data:image/png;base64,", 1)[1].split(")", 1)[0]
+    assert base64.b64decode(encoded) == png
+
+
+def test_summary_says_which_clock() -> None:
+    sim = format_summary(summary(20.0))
+    assert sim.startswith("run summary\n")
+    assert "time_scale 20" in sim and "10.0 tok/s" in sim  # 200 wall ÷ 20
+    real = summary_lines(summary(1.0))
+    assert not any("simulated" in line for line in real)
+    assert "restarts: 1; epoch 1: mamba-bound → no_buffer" in real
