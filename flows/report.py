@@ -75,8 +75,9 @@ def plot_png(samples: list[Sample], caps: dict[int, dict[str, int]], time_scale:
     if len(rates) > 1:
         ax_tok.plot(*zip(*fleet_rate(rates, interval), strict=True), lw=2, color="black",
                     label="fleet")
-    ax_tok.set_ylabel(f"output tok/s\n({clock})")
-    ax_tok.set_title("output tokens per second (from each server's generation_tokens_total)")
+    ax_tok.set_ylabel("output tok/s")
+    ax_tok.set_ylim(bottom=0)
+    ax_tok.set_title(f"output tokens per second, {clock} (each server's generation_tokens_total)")
     _running_panel(ax_run, samples, caps)
     _pool_panel(ax_pool, samples)
     end = max([run_seconds, *(s.t for s in samples)])
@@ -116,6 +117,7 @@ def _running_panel(ax: Any, samples: list[Sample], caps: dict[int, dict[str, int
             cap = caps.get(epoch, {}).get(server)
             if cap is not None:
                 ax.hlines(cap, *span, colors=color, linestyles=":", lw=1.5)
+    ax.set_ylim(bottom=0)
     ax.set_ylabel("requests")
     ax.set_title("running requests (solid) against each server's measured cap (dotted)")
 
