@@ -72,7 +72,9 @@ def run(
     max_running_requests: Annotated[int | None, typer.Option(
         "--max-running-requests", help="SGLang --max-running-requests.")] = None,
     mamba_strategy: Annotated[str | None, typer.Option(
-        "--mamba-strategy", help="auto|no_buffer|extra_buffer|extra_buffer_lazy.")] = None,
+        "--mamba-radix-cache-strategy", "--mamba-scheduler-strategy", "--mamba-strategy",
+        help="SGLang's --mamba-radix-cache-strategy (old name --mamba-scheduler-strategy): "
+        "auto|no_buffer|extra_buffer|extra_buffer_lazy.")] = None,
     max_mamba_cache_size: Annotated[int | None, typer.Option(
         "--max-mamba-cache-size", help="SGLang --max-mamba-cache-size.")] = None,
     mamba_full_memory_ratio: Annotated[float | None, typer.Option(

@@ -23,7 +23,6 @@ from prefect.artifacts import (
     create_table_artifact,
     update_progress_artifact,
 )
-from prefect.cache_policies import NO_CACHE
 
 from flows.report import write_report
 from flows.settings import JobSettings, load_settings
@@ -91,8 +90,11 @@ def preflight(settings: JobSettings, check_input: bool = True) -> list[str]:
     if settings.engine == "sim":
         model_profile(settings.model, settings.weights_gib)
         gpu_profile(settings.sim.gpu)
-    warning = ephemeral_port_warning([s.port for s in specs])
-    return [warning] if warning else []
+    warnings = [w for w in [ephemeral_port_warning([s.port for s in specs])] if w]
+    if settings.servers_per_gpu > 1 and settings.tuning.enabled:
+        warnings.append(f"servers_per_gpu={settings.servers_per_gpu}: restart-on-regression "
+                        "is off, because the memory model plans whole GPUs")
+    return warnings
 
 
 def _stop_fleet_hook(flow_: Any, flow_run: Any, state: Any) -> None:
@@ -208,7 +210,7 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
         restored = restore_from(dest, out) if node is None else 0
         if restored:
             logger.info("restored %d committed shards from %s", restored, dest.label)
-    state = plan_shards.with_options(cache_policy=NO_CACHE)(
+    state = plan_shards(
         str(settings.prompts), str(out), settings.shard_size)
     if shards is not None:
         owned = set(shards)
@@ -229,7 +231,7 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
             monitor.stop()
             monitor.write(out / "monitor" / f"metrics-{int(time.time())}.parquet")
     if target:
-        rep = upload.with_options(cache_policy=NO_CACHE)(
+        rep = upload(
             str(out), target, settings.storage.endpoint_url, settings.storage.region,
             manifest_key)
         logger.info("upload to %s: %d new, %d already there", rep.destination, rep.uploaded,
@@ -262,10 +264,10 @@ def _run_epochs(settings: JobSettings, state: JobState, out: Path, dest: Destina
         handles: list[ServerHandle] = []
         hw = hardware_of(settings, None)
         try:
-            handles = launch_servers.with_options(cache_policy=NO_CACHE)(settings, str(out),
+            handles = launch_servers(settings, str(out),
                                                                          epoch)
             try:
-                took = wait_healthy.with_options(cache_policy=NO_CACHE)(
+                took = wait_healthy(
                     handles, settings.api_key, settings.startup_timeout_s)
             except ServerStartFailed as exc:
                 if epoch == 1:
@@ -278,7 +280,7 @@ def _run_epochs(settings: JobSettings, state: JobState, out: Path, dest: Destina
                     cycle = totals.cycles[-1]
                     cycle["cycle_seconds"] = round(time.monotonic() - cycle.pop("triggered_at"), 2)
                     cycle["startup_seconds"] = round(took, 2)
-                caps = measure_capacity.with_options(cache_policy=NO_CACHE)(
+                caps = measure_capacity(
                     handles, settings.api_key)
                 totals.capacities = caps
                 totals.caps_by_epoch[epoch] = {f"server-{c.index}": c.max_running_requests
@@ -294,7 +296,7 @@ def _run_epochs(settings: JobSettings, state: JobState, out: Path, dest: Destina
                                restarts, state, totals, took)
                 watch.start()
                 try:
-                    stats = generate_shards.with_options(cache_policy=NO_CACHE)(
+                    stats = generate_shards(
                         settings, state, caps, progress, watch.stop)
                 finally:
                     result = watch.close()
@@ -304,7 +306,7 @@ def _run_epochs(settings: JobSettings, state: JobState, out: Path, dest: Destina
                 totals.answers += stats.completed + stats.errors
         finally:
             if handles:
-                report = stop_servers.with_options(cache_policy=NO_CACHE)(
+                report = stop_servers(
                     handles, str(out), settings.stop_grace_s, settings.api_key,
                     settings.engine == "sglang")
                 logger.info("stopped %d servers (SIGKILLed: %s, ports still busy: %s)",
@@ -317,7 +319,7 @@ def _run_epochs(settings: JobSettings, state: JobState, out: Path, dest: Destina
             if uploader is not None and uploader.close():
                 logger.warning("%d shard uploads failed; the final upload retries them",
                                uploader.failures)
-        decision, mem_ceiling = restart_on_regression.with_options(cache_policy=NO_CACHE)(
+        decision, mem_ceiling = restart_on_regression(
             result, failure, epoch, settings.server, settings.client.concurrency_per_server,
             str(ledger.path), hw.model, hw.gpu, hw.version, mem_ceiling,
             result.required_gain if result and result.required_gain is not None
@@ -326,7 +328,7 @@ def _run_epochs(settings: JobSettings, state: JobState, out: Path, dest: Destina
         if failure is not None and decision is None:
             raise ServerStartFailed(f"servers failed to start and no earlier config worked: "
                                     f"{failure}", handles[0], "")
-        state = plan_shards.with_options(cache_policy=NO_CACHE)(
+        state = plan_shards(
             str(settings.prompts), str(out), settings.shard_size)
         if shards is not None:
             state = replace(state, pending=[s for s in state.pending if s in set(shards)])
@@ -359,8 +361,10 @@ def _watch(settings: JobSettings, hw: Hardware, plan: MemoryPlan | None, caps: l
     tuning = settings.tuning
     tried = ledger.tried() | {config_key(settings.server, settings.client.concurrency_per_server)}
     enough_work = len(state.pending) > 2 * len(caps)
+    # The memory model plans whole GPUs: with several servers per GPU its predictions
+    # would be for memory no server has.
     enabled = (tuning.enabled and restarts < tuning.max_restarts and enough_work
-               and hw.model is not None)
+               and hw.model is not None and settings.servers_per_gpu == 1)
 
     def can_propose(diag: Any, min_gain: float) -> Any:
         if hw.model is None or hw.gpu is None or hw.version is None:

@@ -108,7 +108,7 @@ class TuningSettings(BaseModel):
 
 
 class JobSettings(BaseSettings):
-    """Everything a `generate` run needs. See docs/SETTINGS.md for every field."""
+    """Everything a `generate` run needs; `expansion settings` lists every field."""
 
     model_config = SettingsConfigDict(
         env_prefix="EXPANSION_", env_nested_delimiter="__", env_file=".env",
@@ -123,6 +123,12 @@ class JobSettings(BaseSettings):
     engine: Literal["sim", "sglang"] = "sim"
     gpus: Annotated[list[int], NoDecode] = Field(default_factory=lambda: [0, 1], min_length=1,
                             description="GPU indices, one server per GPU")
+    servers_per_gpu: int = Field(
+        1, ge=1, le=16, description="SGLang servers per GPU (small models): ports follow "
+        "one another; give each a small server.mem_fraction_static — SGLang sizes its pools "
+        "from the memory free when it starts, so fix them with server.max_mamba_cache_size "
+        "and server.max_total_tokens for servers that are alike; tuning is off (the memory "
+        "model plans whole GPUs)")
     model: str = Field("Qwen/Qwen3.6-27B", description="model path or HF id")
     weights_gib: float | None = Field(
         None, gt=0, description="GiB of weights per GPU, for planning a local model folder "

@@ -22,6 +22,7 @@ from typing import Any
 
 import polars as pl
 
+from infra.files import atomic_write, read_jsonl
 from infra.prompts import InputSummary
 
 PLAN_VERSION = 1
@@ -70,24 +71,6 @@ def make_plan(summary: InputSummary, shard_size: int) -> ShardPlan:
     return ShardPlan(summary.path, summary.rows, summary.ids_sha256, shard_size, shards)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -120,7 +103,7 @@ class Ledger:
                     f"{existing.input_rows} rows, shard_size {existing.shard_size}); use a new "
                     "--output folder or the same prompts and shard_size")
             return existing
-        _atomic_write_bytes(self.plan_path, json.dumps(asdict(plan), indent=1).encode())
+        atomic_write(self.plan_path, json.dumps(asdict(plan), indent=1).encode(), fsync=True)
         return plan
 
     def _repair_manifest_tail(self) -> None:
@@ -142,17 +125,7 @@ class Ledger:
 
     def committed(self) -> dict[int, ManifestEntry]:
         """Manifest entries by shard. A torn last line (crash mid-append) is ignored."""
-        if not self.manifest_path.is_file():
-            return {}
-        entries: dict[int, ManifestEntry] = {}
-        with open(self.manifest_path, encoding="utf-8") as fh:
-            for line in fh:
-                try:
-                    entry = ManifestEntry(**json.loads(line))
-                except (json.JSONDecodeError, TypeError):
-                    continue
-                entries[entry.shard] = entry
-        return entries
+        return {e.shard: e for e in read_jsonl(self.manifest_path, ManifestEntry)}
 
     def remove_strays(self) -> list[Path]:
         """Delete temp files and shard files that never reached the manifest."""
@@ -175,10 +148,10 @@ class Ledger:
 
         name = f"shard-{shard:06d}.parquet"
         path = self.shards_dir / name
-        _atomic_write_bytes(path, _parquet_bytes(rows))
+        atomic_write(path, _parquet_bytes(rows), fsync=True)
         error_rel = None
         if errors:
-            _atomic_write_bytes(self.errors_dir / name, _parquet_bytes(errors))
+            atomic_write(self.errors_dir / name, _parquet_bytes(errors), fsync=True)
             error_rel = f"errors/{name}"
         ids = [r["id"] for r in rows] + [e["id"] for e in errors]
         entry = ManifestEntry(

@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from infra.files import atomic_write
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -153,9 +155,7 @@ class ProcessRegistry:
 
     def save(self, records: Sequence[ProcessRecord]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps([asdict(r) for r in records], indent=1))
-        os.replace(tmp, self.path)
+        atomic_write(self.path, json.dumps([asdict(r) for r in records], indent=1).encode())
 
     def add(self, record: ProcessRecord) -> None:
         self.save([*self.load(), record])

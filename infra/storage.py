@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+from infra.files import atomic_write
 from infra.ledger import file_sha256
 
 SHA_KEY = "sha256"
@@ -64,9 +65,7 @@ class FolderDestination:
     def put_bytes(self, data: bytes, key: str) -> None:
         target = self.root / key
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, target)
+        atomic_write(target, data, fsync=True)
 
     def list_keys(self, prefix: str) -> list[str]:
         base = self.root / prefix

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
 
 from infra.sglang.client import ServerAnswerError, get_server_info
@@ -70,6 +71,7 @@ def capacity_note(plan: MemoryPlan | None, capacities: list[Capacity]) -> str:
     return note + "."
 
 
-@task(name="measure_capacity", retries=3, retry_delay_seconds=[1, 2, 4])
+@task(name="measure_capacity", cache_policy=NO_CACHE, retries=3,
+      retry_delay_seconds=[1, 2, 4])
 def measure_capacity(handles: list[ServerHandle], api_key: SecretStr | None) -> list[Capacity]:
     return measure_fleet(handles, api_key.get_secret_value() if api_key else None)

@@ -90,7 +90,6 @@ class DispatchStats:
     output_tokens: int = 0
     retries: int = 0
     started: float = field(default_factory=time.monotonic)
-    per_server: dict[str, int] = field(default_factory=dict)
 
     @property
     def elapsed(self) -> float:
@@ -302,7 +301,6 @@ class Dispatcher:
         shard.results[item.index] = row
         self.stats.completed += 1
         self.stats.output_tokens += answer["completion_tokens"]
-        self.stats.per_server[ep.name] = self.stats.per_server.get(ep.name, 0) + 1
         if shard.done:
             await self._finish(item.shard)
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
 
 from infra.processes import is_ours_and_alive
@@ -66,7 +67,7 @@ def wait_until_healthy(handles: list[ServerHandle], api_key: str | None,
     return time.monotonic() - started
 
 
-@task(name="wait_healthy")
+@task(name="wait_healthy", cache_policy=NO_CACHE)
 def wait_healthy(handles: list[ServerHandle], api_key: SecretStr | None,
                  timeout_s: float) -> float:
     return wait_until_healthy(handles, api_key.get_secret_value() if api_key else None,

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Literal
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 
+from infra.files import read_jsonl
 from infra.sglang.flags import ServerFlags
 from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
 from infra.sglang.planner import MAX_MEM_FRACTION, candidate_flags, predict_tok_s
@@ -245,15 +247,7 @@ class TuningLedger:
         self.path = path
 
     def entries(self) -> list[LedgerEntry]:
-        if not self.path.is_file():
-            return []
-        out = []
-        for line in self.path.read_text().splitlines():
-            try:
-                out.append(LedgerEntry(**json.loads(line)))
-            except (json.JSONDecodeError, TypeError):
-                continue
-        return out
+        return read_jsonl(self.path, LedgerEntry)
 
     def record(self, entry: LedgerEntry) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -567,7 +561,7 @@ def decide_next(result: WatchResult | None, failure: str | None, epoch: int,
                       f"{result.reason} → {proposal.reason}"), mem_ceiling
 
 
-@task(name="restart_on_regression")
+@task(name="restart_on_regression", cache_policy=NO_CACHE)
 def restart_on_regression(result: WatchResult | None, failure: str | None, epoch: int,
                           flags: ServerFlags, concurrency: int | None, ledger_path: str,
                           model: ModelProfile | None, gpu: GpuProfile | None,

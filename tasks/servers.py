@@ -8,14 +8,15 @@ is only ever signalled if its pid *and* start time match what we recorded.
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
 
 from flows.settings import JobSettings
+from infra.files import atomic_write
 from infra.gpu import wait_memory_released
 from infra.processes import (
     ProcessRecord,
@@ -76,7 +77,8 @@ def build_launch_specs(settings: JobSettings, output: Path, epoch: int = 1) -> l
         hybrid = model_profile(settings.model, settings.weights_gib).hybrid
     api_key = settings.api_key.get_secret_value() if settings.api_key else None
     specs = []
-    for index, gpu in enumerate(settings.gpus):
+    placement = [(gpu, k) for gpu in settings.gpus for k in range(settings.servers_per_gpu)]
+    for index, (gpu, _) in enumerate(placement):
         port = settings.base_port + index
         argv = executable(settings.engine, settings.python) + server_args(
             settings.server, version, model=settings.model, host=settings.host, port=port,
@@ -184,12 +186,10 @@ def redact_logs(paths: list[Path], secrets: tuple[str, ...]) -> None:
             if secret:
                 clean = clean.replace(secret.encode(), REDACTED.encode())
         if clean != data:
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_bytes(clean)
-            os.replace(tmp, path)
+            atomic_write(path, clean)
 
 
-@task(name="launch_servers", retries=0)
+@task(name="launch_servers", cache_policy=NO_CACHE, retries=0)
 def launch_servers(settings: JobSettings, output: str, epoch: int = 1) -> list[ServerHandle]:
     out = Path(output)
     specs = build_launch_specs(settings, out, epoch)
@@ -197,7 +197,7 @@ def launch_servers(settings: JobSettings, output: str, epoch: int = 1) -> list[S
                         settings.stop_grace_s)
 
 
-@task(name="stop_servers", retries=0)
+@task(name="stop_servers", cache_policy=NO_CACHE, retries=0)
 def stop_servers(handles: list[ServerHandle], output: str, grace_s: float,
                  api_key: SecretStr | None = None, check_gpu_memory: bool = False,
                  ) -> StopReport:
@@ -205,5 +205,6 @@ def stop_servers(handles: list[ServerHandle], output: str, grace_s: float,
     secrets = (api_key.get_secret_value(),) if api_key else ()
     report = stop_fleet(handles, registry_for(Path(output)), grace_s, secrets)
     if check_gpu_memory:
-        report = replace(report, gpus_busy=wait_memory_released([h.gpu for h in handles]))
+        gpus = sorted({h.gpu for h in handles})  # several servers may share one GPU
+        report = replace(report, gpus_busy=wait_memory_released(gpus))
     return report

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from flows.settings import JobSettings
 from infra.ledger import Ledger, ManifestEntry, ShardPlan, make_plan
@@ -119,12 +120,12 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
     return asyncio.run(main())
 
 
-@task(name="plan_shards", retries=0)
+@task(name="plan_shards", cache_policy=NO_CACHE, retries=0)
 def plan_shards(prompts: str, output: str, shard_size: int) -> JobState:
     return prepare_job(Path(prompts), Path(output), shard_size)
 
 
-@task(name="generate_shards", retries=0)
+@task(name="generate_shards", cache_policy=NO_CACHE, retries=0)
 def generate_shards(settings: JobSettings, state: JobState, capacities: list[Capacity],
                     on_commit: OnCommit | None = None,
                     stop: threading.Event | None = None) -> DispatchStats:

@@ -16,7 +16,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 
+from infra.files import parse_jsonl
 from infra.ledger import Ledger, ManifestEntry, file_sha256
 from infra.storage import Destination, StorageError, open_destination
 
@@ -147,12 +149,7 @@ def merge_manifests(dest: Destination) -> list[ManifestEntry]:
     keys = ["manifest.jsonl", *[k for k in dest.list_keys("manifests/") if
                                 k.endswith(".jsonl")]]
     for key in keys:
-        data = dest.get_bytes(key)
-        for line in (data or b"").decode().splitlines():
-            try:
-                entry = ManifestEntry(**json.loads(line))
-            except (json.JSONDecodeError, TypeError):
-                continue
+        for entry in parse_jsonl((dest.get_bytes(key) or b"").splitlines(), ManifestEntry):
             old = by_shard.get(entry.shard)
             if old is None or entry.committed_at < old.committed_at:
                 by_shard[entry.shard] = entry
@@ -162,7 +159,8 @@ def merge_manifests(dest: Destination) -> list[ManifestEntry]:
     return merged
 
 
-@task(name="upload", retries=4, retry_delay_seconds=[2, 8, 30, 60])
+@task(name="upload", cache_policy=NO_CACHE, retries=4,
+      retry_delay_seconds=[2, 8, 30, 60])
 def upload(output: str, target: str, endpoint_url: str | None = None,
            region: str | None = None, manifest_key: str = "manifest.jsonl") -> UploadReport:
     return upload_committed(Path(output), open_destination(target, endpoint_url, region),

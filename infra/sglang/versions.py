@@ -53,11 +53,6 @@ class SGLangVersion:
         return "--mamba-scheduler-strategy"
 
     @property
-    def accepts_old_strategy_flag(self) -> bool:
-        """main kept the old name as an alias; 0.5.23 removed it."""
-        return self.release >= STRATEGY_FLAG_ADDED and not self.is_0523_or_newer
-
-    @property
     def auto_prefers_extra_buffer(self) -> bool:
         return self.release >= STRATEGY_RENAMED
 
@@ -75,11 +70,6 @@ class SGLangVersion:
     @property
     def mrr_token_cap(self) -> bool:
         return self.release >= MRR_TOKEN_CAP
-
-    @property
-    def cuda_graph_max_bs_flag(self) -> str:
-        return ("--cuda-graph-max-bs-decode" if self.is_0523_or_newer
-                else "--cuda-graph-max-bs")
 
     @property
     def spec_without_radix_rejects_no_buffer(self) -> bool:

@@ -138,3 +138,16 @@ def test_output_straight_to_s3(prefect_api: None, tmp_path: Path, s3_endpoint: s
         head = s3.head_object(Bucket=bucket, Key=f"jobs/a/{e['path']}")
         assert head["Metadata"]["sha256"] == e["sha256"]
     assert (tmp_path / "expansion-staging" / bucket / "jobs" / "a" / "plan.json").is_file()
+
+
+@pytest.mark.slow
+def test_three_servers_on_one_gpu(prefect_api: None, tmp_path: Path) -> None:
+    from flows.generate import generate
+
+    src = prompts(tmp_path / "p.jsonl", 150)
+    summary = generate(prompts=str(src), output=str(tmp_path / "out"), gpus=[0],
+                       overrides=overrides(servers_per_gpu=3, base_port=free_port_block(3)))
+    assert summary["prompts_done_this_run"] == 150
+    assert len(summary["servers"]) == 3
+    served = pl.read_parquet(tmp_path / "out" / "shards" / "*.parquet")["server"].unique()
+    assert sorted(served.to_list()) == ["server-0", "server-1", "server-2"]

@@ -103,3 +103,15 @@ def test_the_api_key_is_never_on_a_command_line(sim_fleet, tmp_path: Path) -> No
     assert httpx.post(url, json=body, timeout=30).status_code == 401
     ok = httpx.post(url, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30)
     assert ok.status_code == 200
+
+
+def test_several_servers_share_one_gpu(tmp_path: Path) -> None:
+    """servers_per_gpu: consecutive ports and logs per server, the same CUDA device."""
+    from flows.settings import load_settings
+    from tasks.servers import build_launch_specs
+
+    settings = load_settings(None, gpus=[0, 1], servers_per_gpu=3, base_port=31000)
+    specs = build_launch_specs(settings, tmp_path)
+    assert [s.port for s in specs] == list(range(31000, 31006))
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["0"] * 3 + ["1"] * 3
+    assert len({s.log_path for s in specs}) == 6
