@@ -86,7 +86,7 @@ def pipeline_run(servers: int, time_scale: float, prompts: int) -> PipelineResul
     Achieved throughput is read from the servers' own `generation_tokens_total` counters,
     sampled every second by the same FleetMonitor the flow runs: counted per finished request,
     so it is not quantized by shard commits."""
-    from flows.settings import load_settings
+    from infra.settings import load_settings
     from infra.sim.text import count_prompt_tokens
     from tasks.capacity import measure_fleet
     from tasks.health import wait_until_healthy

@@ -83,7 +83,7 @@ def main() -> None:
 
     configure_local_prefect()
     from flows.generate import generate
-    from tasks.regression import TuningLedger
+    from tasks.tuning.ledger import TuningLedger
 
     with tempfile.TemporaryDirectory() as tmp:
         prompts = Path(tmp) / "p.jsonl"

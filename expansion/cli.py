@@ -111,7 +111,7 @@ def run(
     gpu_list = _gpus(gpus)
     config_file = str(config) if config else None
     prompts_path = str(prompts) if prompts else None
-    from flows.settings import SettingsError, load_settings
+    from infra.settings import SettingsError, load_settings
 
     try:
         settings = load_settings(config_file, prompts=prompts_path, output=output,
@@ -240,7 +240,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
 @app.command()
 def settings() -> None:
     """List every setting with its default; set them via TOML, EXPANSION_* env or --set."""
-    from flows.settings import settings_fields
+    from infra.settings import settings_fields
 
     table = Table(show_edge=False)
     table.add_column("setting")
@@ -283,7 +283,7 @@ def sim(
     = None,
 ) -> None:
     """Start a simulated SGLang fleet for manual use; print its URLs; Ctrl-C stops it."""
-    from flows.settings import SettingsError, load_settings
+    from infra.settings import SettingsError, load_settings
     from tasks.health import ServerStartFailed, wait_until_healthy
     from tasks.servers import build_launch_specs, launch_fleet, registry_for, stop_fleet
 
@@ -576,8 +576,8 @@ def diagnose(
     from infra.sglang.observe import parse_log
     from infra.sglang.server_info import parse_server_info
     from tasks.monitor import Sample, sample_server
-    from tasks.regression import PoolView, pools_from_caps, samples_from_log, window_stats
-    from tasks.regression import diagnose as run_diagnosis
+    from tasks.tuning.diagnosis import PoolView, pools_from_caps, samples_from_log, window_stats
+    from tasks.tuning.diagnosis import diagnose as run_diagnosis
 
     caps: dict[str, int] = {}
     pools: PoolView | None = None

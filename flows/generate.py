@@ -25,11 +25,11 @@ from prefect.artifacts import (
 )
 
 from flows.report import write_report
-from flows.settings import JobSettings, load_settings
 from flows.summary import format_summary
 from infra.ledger import ManifestEntry
 from infra.processes import ephemeral_port_warning
 from infra.prompts import validate_input
+from infra.settings import JobSettings, load_settings
 from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
 from infra.sglang.planner import MAX_MEM_FRACTION
 from infra.sglang.profiles import GpuProfile, ModelProfile, gpu_profile, model_profile
@@ -38,15 +38,6 @@ from infra.storage import Destination, open_destination
 from tasks.capacity import Capacity, capacity_note, measure_capacity
 from tasks.health import ServerStartFailed, wait_healthy
 from tasks.monitor import FleetMonitor
-from tasks.regression import (
-    RegressionWatch,
-    TuningLedger,
-    WatchResult,
-    config_key,
-    propose,
-    required_gain,
-    restart_on_regression,
-)
 from tasks.servers import (
     ServerHandle,
     build_launch_specs,
@@ -56,6 +47,10 @@ from tasks.servers import (
     stop_servers,
 )
 from tasks.shards import JobState, generate_shards, plan_shards
+from tasks.tuning.decide import restart_on_regression
+from tasks.tuning.ledger import TuningLedger, config_key
+from tasks.tuning.policy import propose, required_gain
+from tasks.tuning.watch import RegressionWatch, WatchResult
 from tasks.upload import ShardUploader, restore_from, upload
 
 

@@ -15,7 +15,6 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
 
-from flows.settings import JobSettings
 from infra.files import atomic_write
 from infra.gpu import wait_memory_released
 from infra.processes import (
@@ -26,6 +25,7 @@ from infra.processes import (
     terminate,
     wait_ports_free,
 )
+from infra.settings import JobSettings
 from infra.sglang.launch import REDACTED, LaunchSpec, executable, server_args
 from infra.sglang.memory import DEFAULT_VERSION
 from infra.sglang.profiles import model_profile

@@ -17,9 +17,9 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.settings import JobSettings
 from infra.ledger import Ledger, ManifestEntry, ShardPlan, make_plan
 from infra.prompts import iter_rows, validate_input
+from infra.settings import JobSettings
 from tasks.capacity import Capacity, client_limit
 from tasks.dispatch import Dispatcher, DispatchOptions, DispatchStats, Endpoint
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from flows.settings import JobSettings, load_settings
 from infra.processes import port_is_free
+from infra.settings import JobSettings, load_settings
 from tasks.health import wait_until_healthy
 from tasks.servers import ServerHandle, build_launch_specs, launch_fleet, registry_for, stop_fleet
 

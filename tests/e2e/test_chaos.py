@@ -25,7 +25,7 @@ from tests.conftest import free_port_block
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = 5000
-KILLS = 20
+KILLS = 12
 
 
 def run_cli(out: str, src: Path, env: dict[str, str], port: int, s3: str | None,
@@ -51,6 +51,31 @@ def run_cli(out: str, src: Path, env: dict[str, str], port: int, s3: str | None,
         return None
 
 
+def committed_rows(out: str) -> int:
+    if not Path(out, "plan.json").exists():
+        return 0
+    return sum(e.rows + e.errors for e in Ledger(Path(out)).committed().values())
+
+
+def seconds_to_first_commit(out: str, src: Path, env: dict[str, str], s3: str) -> float:
+    """Run the CLI until its first shard is committed, then SIGKILL it (the first kill)."""
+    args = [sys.executable, "-m", "expansion.cli", "run", "--prompts", str(src),
+            "--output", out, "--gpus", "0,1", "--shard-size", "100", "--max-new-tokens", "24",
+            "--time-scale", "2", "--set", f"base_port={free_port_block(2)}",
+            "--set", "sim.startup_s=0.1", "--set", "stop_grace_s=3", "--upload-to", s3]
+    started = time.monotonic()
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    while committed_rows(out) == 0:
+        assert proc.poll() is None and time.monotonic() - started < 180, "no first commit"
+        time.sleep(0.1)
+    took = time.monotonic() - started
+    time.sleep(0.3)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return took
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("prefect_server")
 def test_sigkill_at_random_moments_loses_and_duplicates_nothing(
@@ -63,16 +88,19 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(
     rng = random.Random(1234)
     chaos_out = str(tmp_path / "chaos")
     target = f"s3://{bucket}/chaos"
-    kills = 0
-    progress = []
+    # Kill moments scale with how long this machine takes to commit a first shard (CLI and
+    # Prefect start-up, server launch, one shard): from half of that (still starting) to
+    # 1.4 times it (mid-generation), so the test means the same on a slow or a fast box.
+    first_commit_s = seconds_to_first_commit(chaos_out, src, env, target)
+    kills = 1
+    progress = [committed_rows(chaos_out)]
     while kills < KILLS:
         code = run_cli(chaos_out, src, env, free_port_block(2), target,
-                       kill_after=rng.uniform(3.0, 7.0))
+                       kill_after=rng.uniform(0.5, 1.4) * first_commit_s)
         if code is not None:
             break  # it finished between two kills
         kills += 1
-        progress.append(sum(e.rows + e.errors for e in Ledger(Path(chaos_out)).committed()
-                            .values()) if Path(chaos_out, "plan.json").exists() else 0)
+        progress.append(committed_rows(chaos_out))
     run_cli(chaos_out, src, env, free_port_block(2), target, kill_after=None, time_scale=400)
     assert kills == KILLS, f"only {kills} kills landed before the run finished"
     assert progress[-1] > progress[0], "no shard was committed between kills"

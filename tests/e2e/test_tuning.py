@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from infra.ledger import Ledger
-from tasks.regression import TuningLedger
+from tasks.tuning.ledger import TuningLedger
 from tests.conftest import free_port_block
 
 

@@ -107,7 +107,7 @@ def test_the_api_key_is_never_on_a_command_line(sim_fleet, tmp_path: Path) -> No
 
 def test_several_servers_share_one_gpu(tmp_path: Path) -> None:
     """servers_per_gpu: consecutive ports and logs per server, the same CUDA device."""
-    from flows.settings import load_settings
+    from infra.settings import load_settings
     from tasks.servers import build_launch_specs
 
     settings = load_settings(None, gpus=[0, 1], servers_per_gpu=3, base_port=31000)

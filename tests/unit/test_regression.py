@@ -9,19 +9,11 @@ from infra.sglang.memory import plan_memory
 from infra.sglang.profiles import gpu_profile, model_profile
 from infra.sglang.versions import parse_version
 from tasks.monitor import Sample
-from tasks.regression import (
-    Diagnosis,
-    LedgerEntry,
-    ServerWindow,
-    TuningLedger,
-    WatchResult,
-    config_key,
-    decide_next,
-    diagnose,
-    pools_from_caps,
-    propose,
-    window_stats,
-)
+from tasks.tuning.decide import decide_next
+from tasks.tuning.diagnosis import Diagnosis, ServerWindow, diagnose, pools_from_caps, window_stats
+from tasks.tuning.ledger import LedgerEntry, TuningLedger, config_key
+from tasks.tuning.policy import propose
+from tasks.tuning.watch import WatchResult
 
 FP8 = model_profile("qwen3.6-27b-fp8")
 RTX = gpu_profile("rtx-pro-6000")
@@ -155,7 +147,7 @@ def test_policy_does_not_change_numerics_unless_allowed() -> None:
 def test_a_restart_must_pay_back_on_the_work_left() -> None:
     import math
 
-    from tasks.regression import required_gain
+    from tasks.tuning.policy import required_gain
 
     # 40 h left, a 5-minute restart: any gain above the model-error floor pays.
     assert required_gain(40 * 3600, 300, floor=1.05, payback=3) == 1.05
@@ -168,7 +160,9 @@ def test_a_restart_must_pay_back_on_the_work_left() -> None:
 
 def test_watch_asks_for_the_gain_the_work_left_justifies() -> None:
     from tasks.monitor import FleetMonitor
-    from tasks.regression import Diagnosis, Proposal, RegressionWatch
+    from tasks.tuning.diagnosis import Diagnosis
+    from tasks.tuning.policy import Proposal
+    from tasks.tuning.watch import RegressionWatch
 
     asked: list[float] = []
 

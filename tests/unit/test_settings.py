@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.settings import SettingsError, load_settings
+from infra.settings import SettingsError, load_settings
 
 
 def test_defaults_run_the_embedded_demo() -> None:

@@ -1,4 +1,5 @@
-"""Job settings: defaults < TOML file < `.env` < EXPANSION_* env vars < explicit overrides.
+"""Job settings (a leaf module: tasks and flows both read it): defaults < TOML file < `.env` <
+EXPANSION_* env vars < explicit overrides.
 
 Nested groups use `__` in env vars: `EXPANSION_SERVER__MEM_FRACTION_STATIC=0.9`.
 An invalid value fails fast with the field's dotted name and what is allowed.
@@ -21,7 +22,7 @@ from pydantic_settings import SettingsError as PydanticSettingsError
 
 from infra.sglang.flags import ServerFlags
 
-SAMPLE_PROMPTS = Path(__file__).parent / "data" / "sample_prompts.jsonl"
+SAMPLE_PROMPTS = Path(__file__).resolve().parents[1] / "flows" / "data" / "sample_prompts.jsonl"
 
 
 class SettingsError(ValueError):

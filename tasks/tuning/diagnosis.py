@@ -1,0 +1,214 @@
+"""Why is the fleet slow: window statistics of the monitor's samples, and a diagnosis
+(mamba-, KV-, client- or compute-bound, unhealthy, asymmetric) with its evidence.
+
+Also the adapters that let `expansion diagnose` reason about a live server or a log:
+`pools_from_caps` (which pool binds, from a cap and a slot count) and `samples_from_log`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Literal
+
+from infra.sglang.memory import MemoryPlan
+from tasks.monitor import Sample
+
+Kind = Literal["mamba-bound", "kv-bound", "client-bound", "compute-bound", "unhealthy",
+               "asymmetric", "idle"]
+
+
+@dataclass(frozen=True)
+class ServerWindow:
+    server: str
+    alive: bool
+    running: float
+    queued: float
+    kv_usage: float | None
+    mamba_usage: float | None
+    tok_s: float  # modeled GPU-time tokens/s over the window
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    kind: Kind
+    evidence: str
+    tok_s_per_gpu: float
+    servers: list[ServerWindow] = field(default_factory=list)
+
+
+def _rate(rows: list[Sample], time_scale: float) -> float:
+    """A server's tokens/s (modeled GPU time) over some samples.
+
+    The server's own decode throughput gauge is preferred: it is continuous, where the
+    finished-tokens counter moves in bursts as requests complete."""
+    gauges = [r.gen_throughput for r in rows if r.gen_throughput is not None]
+    if gauges:
+        return statistics.fmean(gauges)
+    counters = [(r.t, r.generation_tokens_total) for r in rows
+                if r.generation_tokens_total is not None]
+    if len(counters) >= 2 and counters[-1][0] > counters[0][0]:
+        return ((counters[-1][1] - counters[0][1]) / (counters[-1][0] - counters[0][0])
+                / time_scale)
+    return 0.0
+
+
+def window_stats(samples: list[Sample], since: float, time_scale: float) -> list[ServerWindow]:
+    """Per-server means over samples at t ≥ since."""
+    by_server: dict[str, list[Sample]] = {}
+    for s in samples:
+        if s.t >= since:
+            by_server.setdefault(s.server, []).append(s)
+    out = []
+    for name, rows in sorted(by_server.items()):
+        live = [r for r in rows if r.alive]
+
+        def mean(values: list[float | int | None]) -> float | None:
+            vals = [float(v) for v in values if v is not None]
+            return statistics.fmean(vals) if vals else None
+
+        out.append(ServerWindow(name, rows[-1].alive, mean([r.running for r in live]) or 0.0,
+                                mean([r.queued for r in live]) or 0.0,
+                                mean([r.kv_usage for r in live]),
+                                mean([r.mamba_usage for r in live]), _rate(live, time_scale)))
+    return out
+
+
+def steady_tok_s_per_gpu(samples: list[Sample], since: float, time_scale: float,
+                         ) -> float | None:
+    """Median over sampling ticks (after `since`, while the fleet was busy) of the mean
+    per-server throughput: robust to the job's tail, when the fleet runs out of work."""
+    per_tick: dict[float, list[Sample]] = {}
+    for s in samples:
+        if s.t >= since and s.alive and (s.running or 0) > 0:
+            per_tick.setdefault(round(s.t, 1), []).append(s)
+    ticks = [statistics.fmean(_rate([r], time_scale) for r in rows)
+             for rows in per_tick.values() if rows]
+    return statistics.median(ticks) if len(ticks) >= 3 else None
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """Which pool sets the running-request cap, and how (from a plan or a live server)."""
+
+    binding_limit: str
+    mamba_slots: int | None = None
+    slot_ratio: int | None = None
+    mamba_strategy: str | None = None
+
+    @classmethod
+    def of(cls, plan: MemoryPlan | None) -> PoolView | None:
+        if plan is None:
+            return None
+        return cls(plan.binding_limit, plan.mamba_slots, plan.slot_ratio, plan.mamba_strategy)
+
+    def how(self) -> str:
+        if self.mamba_slots and self.slot_ratio:
+            return (f"{self.mamba_slots} slots / {self.slot_ratio} per request under "
+                    f"{self.mamba_strategy or 'its strategy'}")
+        return "cap = mamba slots / slots per request"
+
+
+def diagnose(windows: list[ServerWindow], caps: dict[str, int],
+             pools: MemoryPlan | PoolView | None) -> Diagnosis:
+    """Why the fleet runs at its speed, from the window and the servers' caps.
+
+    `caps` is each server's max_running_requests; `pools` says which pool sets the cap
+    (the memory model's plan, or what a live server's numbers imply)."""
+    plan = pools if isinstance(pools, PoolView) or pools is None else PoolView.of(pools)
+    if not windows:
+        return Diagnosis("idle", "no samples yet", 0.0)
+    per_gpu = statistics.fmean(w.tok_s for w in windows)
+    dead = [w.server for w in windows if not w.alive]
+    if dead:
+        return Diagnosis("unhealthy", f"no /metrics answer from {', '.join(dead)}", per_gpu,
+                         windows)
+    speeds = [w.tok_s for w in windows]
+    median = statistics.median(speeds)
+    slow = [w for w in windows if median > 0 and w.tok_s < 0.75 * median]
+    if len(windows) > 1 and slow:
+        names = ", ".join(f"{w.server} {w.tok_s:,.0f} tok/s" for w in slow)
+        return Diagnosis("asymmetric", f"{names} vs a median of {median:,.0f} tok/s: a GPU "
+                         "unlike the others (check that server's log and nvidia-smi)",
+                         per_gpu, windows)
+    running = statistics.fmean(w.running for w in windows)
+    queued = statistics.fmean(w.queued for w in windows)
+    cap = statistics.fmean(caps.values()) if caps else 0.0
+    kv = _mean_opt([w.kv_usage for w in windows])
+    mamba = _mean_opt([w.mamba_usage for w in windows])
+    at_cap = cap > 0 and running >= 0.9 * cap
+    usage = (f"running {running:.1f} of cap {cap:.0f}, queue {queued:.1f}, KV "
+             f"{_pct(kv)}, mamba {_pct(mamba)}")
+    if not at_cap and queued < 1:
+        return Diagnosis("client-bound", f"{usage}: servers have free slots and nothing "
+                         "queued — raise client concurrency", per_gpu, windows)
+    if at_cap and plan is not None and plan.binding_limit == "mamba" and (kv or 0) < 0.5:
+        low = ""
+        if mamba is not None and mamba < 0.5:
+            # SGLang counts live states; the cap reserves ρ slots per request (reference §2.5).
+            low = (f"; mamba usage reads {_pct(mamba)} because it counts live states, not the "
+                   "slots each request reserves")
+        return Diagnosis("mamba-bound", f"{usage}: the cap comes from the mamba pool "
+                         f"({plan.how()}) while KV sits mostly empty{low}", per_gpu, windows)
+    if (kv or 0) >= 0.85 or (plan is not None and plan.binding_limit == "kv" and at_cap):
+        return Diagnosis("kv-bound", f"{usage}: the KV pool is the limit", per_gpu, windows)
+    return Diagnosis("compute-bound", f"{usage}: at the cap with pool headroom; more memory "
+                     "will not help", per_gpu, windows)
+
+
+def _mean_opt(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}"
+
+
+def pools_from_caps(max_running: int | None, mamba_slots: int | None,
+                    strategy: str | None) -> PoolView | None:
+    """The mamba pool binds when a server's cap equals its mamba slots / ρ: what a plan would
+    say, read off a live server or a log that does not name its GPU or model."""
+    if not max_running or not mamba_slots:
+        return None
+    ratios = {"no_buffer": (3,), "extra_buffer": (5, 4), "extra_buffer_lazy": (4,)}
+    for rho in ratios.get(strategy or "", (3, 4, 5)):
+        if max_running == mamba_slots // rho:
+            return PoolView("mamba", mamba_slots, rho, strategy)
+    return None
+
+
+def samples_from_log(records: list[dict[str, object]], server: str) -> list[Sample]:
+    """Decode lines of a server log as monitor samples (t in seconds from the first line)."""
+    from datetime import datetime
+
+    out: list[Sample] = []
+    t0: datetime | None = None
+    for r in records:
+        if r.get("kind") != "decode" or not r.get("timestamp"):
+            continue
+        try:
+            ts = datetime.fromisoformat(str(r["timestamp"]).replace(",", "."))
+        except ValueError:
+            continue
+        t0 = t0 or ts
+        kv = r.get("full_token_usage") if r.get("full_token_usage") is not None else r.get(
+            "token_usage")
+        out.append(Sample((ts - t0).total_seconds(), 1, server, True,
+                          _opt_int(r.get("running_req")), _opt_int(r.get("queue_req")),
+                          _opt_float(kv), _opt_float(r.get("mamba_usage")),
+                          _opt_float(r.get("gen_throughput")), None))
+    return out
+
+
+def _opt_int(value: object) -> int | None:
+    return int(value) if isinstance(value, (int, float)) else None
+
+
+def _opt_float(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+# --- the tuning ledger ----------------------------------------------------------------------
+
+

@@ -1,0 +1,63 @@
+"""The tuning ledger: every configuration a job tried, what it measured, how it ended.
+
+Append-only JSONL next to the output (`tuning.jsonl`), so a rerun never repeats a config
+that failed or was slower, and a rollback knows the best one so far.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+from infra.files import read_jsonl
+from infra.sglang.flags import ServerFlags
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    epoch: int
+    flags: dict[str, object]
+    fingerprint: str
+    concurrency: int | None
+    outcome: Literal["measured", "failed", "rolled_back"]
+    tok_s_per_gpu: float | None
+    predicted_tok_s_per_gpu: float | None
+    reason: str
+    at: float
+
+
+class TuningLedger:
+    """Configurations tried in this job, with what they did (tuning.jsonl in the output)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def entries(self) -> list[LedgerEntry]:
+        return read_jsonl(self.path, LedgerEntry)
+
+    def record(self, entry: LedgerEntry) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(asdict(entry)) + "\n")
+
+    def tried(self) -> set[str]:
+        return {e.fingerprint for e in self.entries()}
+
+    def flags_of(self, entry: LedgerEntry) -> ServerFlags:
+        return ServerFlags.model_validate(entry.flags)
+
+    def best(self) -> LedgerEntry | None:
+        measured = [e for e in self.entries() if e.outcome == "measured" and e.tok_s_per_gpu]
+        return max(measured, key=lambda e: e.tok_s_per_gpu or 0.0) if measured else None
+
+
+def config_key(flags: ServerFlags, concurrency: int | None) -> str:
+    """Ledger identity of a configuration: server flags plus client concurrency."""
+    return f"{flags.fingerprint()}|{concurrency}"
+
+
+# --- the policy ------------------------------------------------------------------------------
+
+

@@ -1,0 +1,120 @@
+"""The next configuration to try: moves over the memory model and the step-time model,
+filtered by the ledger, and the gain a restart must promise to pay for itself.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from infra.sglang.flags import ServerFlags
+from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
+from infra.sglang.planner import MAX_MEM_FRACTION, candidate_flags, predict_tok_s
+from infra.sglang.profiles import GpuProfile, ModelProfile
+from infra.sglang.versions import SGLangVersion
+from tasks.tuning.diagnosis import Diagnosis
+from tasks.tuning.ledger import config_key
+
+
+@dataclass(frozen=True)
+class Proposal:
+    flags: ServerFlags
+    concurrency: int | None  # None: each server's cap + queue_target
+    predicted_tok_s_per_gpu: float | None
+    reason: str
+
+
+def _combined_moves(model: ModelProfile, flags: ServerFlags, plan: MemoryPlan | None,
+                    mem_ceiling: float) -> list[tuple[str, ServerFlags]]:
+    """Two-lever moves worth trying for throughput jobs, beyond the single levers."""
+    if not model.hybrid:
+        return []
+    m = min(mem_ceiling, max(flags.mem_fraction_static or 0.0, 0.90))
+    ratio = flags.mamba_full_memory_ratio or 0.9
+    out = [("no_buffer + mem fraction + MRR 256", flags.with_changes(
+        mamba_strategy="no_buffer", mem_fraction_static=m, max_running_requests=256,
+        max_mamba_cache_size=None))]
+    if plan is not None and plan.binding_limit == "mamba":
+        out.append(("more mamba share + mem fraction", flags.with_changes(
+            mamba_full_memory_ratio=round(ratio * 2, 3), mem_fraction_static=m,
+            max_running_requests=256, max_mamba_cache_size=None)))
+        out.append(("no_buffer + more mamba share + mem fraction", flags.with_changes(
+            mamba_strategy="no_buffer", mamba_full_memory_ratio=round(ratio * 2, 3),
+            mem_fraction_static=m, max_running_requests=256, max_mamba_cache_size=None)))
+    if flags.speculative and plan is not None and plan.binding_limit == "mamba":
+        slots = (flags.max_mamba_cache_size or plan.mamba_slots) * 2
+        out.append((f"mamba slots {plan.mamba_slots}→{slots} + ratio + mem fraction",
+                    flags.with_changes(max_mamba_cache_size=slots, mem_fraction_static=m,
+                                       mamba_full_memory_ratio=round(ratio * 1.5, 3),
+                                       max_running_requests=max(64, slots // plan.slot_ratio))))
+    return out
+
+
+def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
+            model: ModelProfile, gpu: GpuProfile, version: SGLangVersion, tried: set[str],
+            mem_ceiling: float = MAX_MEM_FRACTION, avg_context: float = 2048.0,
+            min_gain: float = 1.1, allow_lossy: bool = False) -> Proposal | None:
+    """The next configuration to try, or None when nothing promises a gain.
+
+    Never repeats a ledger entry; keeps mem_fraction_static under `mem_ceiling` (lowered
+    after an OOM); keeps MTP unless the model predicts that dropping it wins; never changes
+    numerics (SSM state or KV dtype) unless `allow_lossy` — a data-generation job should not
+    get different outputs because the tuner wanted speed."""
+    if diagnosis.kind == "client-bound":
+        if concurrency is None or config_key(flags, None) in tried:
+            return None  # already cap + queue: the fleet is just running out of work
+        return Proposal(flags, None, None, "client-bound: set client concurrency to each "
+                        "server's cap plus a small queue")
+    if diagnosis.kind not in ("mamba-bound", "kv-bound", "compute-bound"):
+        return None
+    try:
+        current = plan_memory(model, gpu, flags, version)
+    except PoolsDoNotFit:
+        current = None
+    baseline = (predict_tok_s(model, gpu, flags, current, avg_context) if current else 0.0)
+    options = candidate_flags(model, flags, current) + _combined_moves(model, flags, current,
+                                                                       mem_ceiling)
+    best: tuple[float, str, ServerFlags] | None = None
+    for label, candidate in options:
+        if config_key(candidate, None) in tried or candidate == flags:
+            continue
+        if not allow_lossy and (candidate.mamba_ssm_dtype != flags.mamba_ssm_dtype
+                                or candidate.kv_cache_dtype != flags.kv_cache_dtype):
+            continue
+        if (candidate.mem_fraction_static or 0.0) > mem_ceiling:
+            continue
+        try:
+            plan = plan_memory(model, gpu, candidate, version)
+        except PoolsDoNotFit:
+            continue
+        tok_s = predict_tok_s(model, gpu, candidate, plan, avg_context)
+        if best is None or tok_s > best[0]:
+            best = (tok_s, label, candidate)
+    if best is None or best[0] < min_gain * baseline:
+        return None
+    tok_s, label, chosen = best
+    gain = tok_s / baseline if baseline else float("inf")
+    return Proposal(chosen, None, tok_s,
+                    f"{diagnosis.kind}: {label} — predicted {tok_s:,.0f} tok/s per GPU "
+                    f"({gain:.2f}× the model's figure for the current config)")
+
+
+# --- when to restart -------------------------------------------------------------------------
+
+
+def required_gain(remaining_s: float, restart_cost_s: float, floor: float,
+                  payback: float) -> float:
+    """The least predicted speed-up for which a restart pays for itself.
+
+    A restart costs `restart_cost_s` of fleet time (stop, start-up, drain, in-flight work
+    redone); a speed-up g saves remaining_s × (1 − 1/g) on the work left. Require the saving
+    to be `payback` × the cost, and g ≥ `floor` (below it the model's own error dominates).
+    On a 40-hour job +5 % pays; near the end of a job nothing does (inf)."""
+    if remaining_s <= 0:
+        return math.inf
+    share = payback * restart_cost_s / remaining_s
+    if share >= 1.0:
+        return math.inf
+    return max(floor, 1.0 / (1.0 - share))
+
+

@@ -1,0 +1,129 @@
+"""The watch thread of one epoch: when to stop dispatch and restart (a better config, a
+throughput under target) or roll back (slower than the best earlier config).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from infra.sglang.memory import MemoryPlan
+from tasks.monitor import FleetMonitor
+from tasks.tuning.diagnosis import Diagnosis, diagnose, steady_tok_s_per_gpu, window_stats
+from tasks.tuning.policy import Proposal
+
+
+@dataclass
+class WatchResult:
+    triggered: bool = False
+    reason: str = ""
+    diagnosis: Diagnosis | None = None
+    measured_tok_s_per_gpu: float | None = None
+    triggered_at: float | None = None  # time.monotonic() of the trigger
+    required_gain: float | None = None  # what a restart had to promise at the last check
+    last_check: str = ""  # the last check's verdict, for the log when nothing triggered
+
+
+class RegressionWatch:
+    """Watches one epoch; sets `stop` when a restart would pay off (or a rollback is due).
+
+    Triggers after `window_s` of steady state when (a) throughput stays below the target, or
+    (b) the diagnosis is a pool/client limit and the policy has a proposal, or (c) this
+    config is slower than the best earlier one (rollback)."""
+
+    def __init__(self, monitor: FleetMonitor, caps: dict[str, int], plan: MemoryPlan | None,
+                 time_scale: float, window_s: float, target_tok_s_per_gpu: float | None,
+                 baseline_tok_s_per_gpu: float | None,
+                 can_propose: Callable[[Diagnosis, float], Proposal | None] | None,
+                 enabled: bool,
+                 gain_needed: Callable[[Diagnosis], float] | None = None) -> None:
+        self.monitor = monitor
+        self.caps = caps
+        self.plan = plan
+        self.time_scale = time_scale
+        self.window_s = window_s
+        self.target = target_tok_s_per_gpu
+        self.baseline = baseline_tok_s_per_gpu
+        self.can_propose = can_propose  # (diagnosis, least gain) -> Proposal | None
+        self.enabled = enabled
+        self.gain_needed = gain_needed  # diagnosis -> least predicted gain worth a restart
+        self.stop = threading.Event()
+        self.result = WatchResult()
+        self._slow_checks = 0
+        self._done = threading.Event()
+        self._started = monitor.now()
+        self._thread = threading.Thread(target=self._run, name="regression-watch", daemon=True)
+
+    def start(self) -> RegressionWatch:
+        self._thread.start()
+        return self
+
+    def close(self) -> WatchResult:
+        """Stop watching; the result's throughput is the median per-tick rate of the epoch
+        after warm-up (robust to the job's tail, when the fleet runs out of work)."""
+        self._done.set()
+        self._thread.join(timeout=10)
+        if not self.result.triggered:
+            self._measure()
+        steady = steady_tok_s_per_gpu(self.monitor.snapshot(), self._started + self.window_s / 2,
+                                      self.time_scale)
+        if steady is not None and not self.result.triggered:
+            self.result.measured_tok_s_per_gpu = steady
+        return self.result
+
+    def _measure(self) -> Diagnosis:
+        # Skip the first half window: admission ramp-up is not steady state.
+        since = max(self._started + self.window_s / 2, self.monitor.now() - self.window_s)
+        windows = window_stats(self.monitor.snapshot(), since, self.time_scale)
+        diag = diagnose(windows, self.caps, self.plan)
+        self.result.diagnosis = diag
+        self.result.measured_tok_s_per_gpu = diag.tok_s_per_gpu if windows else None
+        return diag
+
+    def _run(self) -> None:
+        first_check = self._started + 1.5 * self.window_s
+        while not self._done.wait(min(1.0, self.window_s / 4)):
+            if not self.enabled or self.monitor.now() < first_check:
+                continue
+            diag = self._measure()
+            reason = self._reason(diag)
+            if reason:
+                self.result.triggered = True
+                self.result.triggered_at = time.monotonic()
+                self.result.reason = reason
+                self.stop.set()
+                return
+
+    def _reason(self, diag: Diagnosis) -> str:
+        tok = diag.tok_s_per_gpu
+        need = self.gain_needed(diag) if self.gain_needed is not None else 1.0
+        self.result.required_gain = need
+        if self.baseline and tok < 0.95 * self.baseline and self.baseline >= need * tok:
+            # Two checks in a row: one slow window can be ramp-up or a noisy neighbour.
+            self._slow_checks += 1
+            if self._slow_checks >= 2:
+                return (f"rollback: {tok:,.0f} tok/s per GPU is slower than the best earlier "
+                        f"config ({self.baseline:,.0f}) in two windows running")
+            return ""
+        self._slow_checks = 0
+        if diag.kind == "unhealthy":
+            return f"unhealthy: {diag.evidence}"
+        below = self.target is not None and tok < self.target
+        proposal = (self.can_propose(diag, need)
+                    if self.can_propose is not None and math.isfinite(need) else None)
+        self.result.last_check = (
+            f"{diag.kind} at {tok:,.0f} tok/s per GPU ({diag.evidence}); a restart had to "
+            f"promise ≥ {need:.2f}× to pay for itself over the work left; "
+            + (f"best candidate: {proposal.reason}" if proposal is not None
+               else "no candidate did"))
+        if below and proposal is not None:
+            return (f"{tok:,.0f} tok/s per GPU is below the target {self.target:,.0f}; "
+                    f"{diag.kind}: {diag.evidence}")
+        if proposal is not None and diag.kind in ("mamba-bound", "kv-bound", "client-bound"):
+            return f"{diag.kind}: {diag.evidence}"
+        return ""
+
+
