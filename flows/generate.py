@@ -228,7 +228,7 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
     if target:
         rep = upload(
             str(out), target, settings.storage.endpoint_url, settings.storage.region,
-            manifest_key)
+            manifest_key, settings.storage.multipart_mb)
         logger.info("upload to %s: %d new, %d already there", rep.destination, rep.uploaded,
                     rep.skipped)
     summary = summarize(settings, initial, totals, time.monotonic() - started)

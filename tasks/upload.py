@@ -162,6 +162,8 @@ def merge_manifests(dest: Destination) -> list[ManifestEntry]:
 @task(name="upload", cache_policy=NO_CACHE, retries=4,
       retry_delay_seconds=[2, 8, 30, 60])
 def upload(output: str, target: str, endpoint_url: str | None = None,
-           region: str | None = None, manifest_key: str = "manifest.jsonl") -> UploadReport:
-    return upload_committed(Path(output), open_destination(target, endpoint_url, region),
-                            manifest_key)
+           region: str | None = None, manifest_key: str = "manifest.jsonl",
+           multipart_mb: int = 64) -> UploadReport:
+    """The final upload, with the same multipart size as the uploads during the run."""
+    dest = open_destination(target, endpoint_url, region, multipart_mb)
+    return upload_committed(Path(output), dest, manifest_key)

@@ -11,7 +11,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Literal
 
-from infra.sglang.memory import MemoryPlan
+from infra.sglang.flags import ServerFlags
+from infra.sglang.memory import MemoryPlan, slot_ratio
 from tasks.monitor import Sample
 
 Kind = Literal["mamba-bound", "kv-bound", "client-bound", "compute-bound", "unhealthy",
@@ -165,14 +166,20 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0%}"
 
 
+STRATEGIES = ("no_buffer", "extra_buffer_lazy", "extra_buffer")
+
+
 def pools_from_caps(max_running: int | None, mamba_slots: int | None,
                     strategy: str | None) -> PoolView | None:
     """The mamba pool binds when a server's cap equals its mamba slots / ρ: what a plan would
     say, read off a live server or a log that does not name its GPU or model."""
     if not max_running or not mamba_slots:
         return None
-    ratios = {"no_buffer": (3,), "extra_buffer": (5, 4), "extra_buffer_lazy": (4,)}
-    for rho in ratios.get(strategy or "", (3, 4, 5)):
+    # ρ as SGLang computes it; the overlap scheduler's state is not in a cap or a log line.
+    strategies = [strategy] if strategy in STRATEGIES else list(STRATEGIES)
+    ratios = dict.fromkeys(slot_ratio(s, overlap, ServerFlags()) for s in strategies
+                           for overlap in (True, False))
+    for rho in ratios:
         if max_running == mamba_slots // rho:
             return PoolView("mamba", mamba_slots, rho, strategy)
     return None
