@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,12 +17,6 @@ from tests.conftest import free_port_block
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPANSION = str(ROOT / ".venv" / "bin" / "expansion")
-STATES = """
-import json
-from prefect.client.orchestration import get_client
-with get_client(sync_client=True) as c:
-    print(json.dumps({r.name: r.state.type.value for r in c.read_flow_runs()}))
-"""
 
 
 @pytest.mark.slow
@@ -36,12 +30,19 @@ def test_killed_cli_run_is_marked_crashed_by_the_next_run(tmp_path: Path) -> Non
     args = [EXPANSION, "run", "--prompts", str(src), "--output", str(out), "--set",
             f"base_port={free_port_block(2)}", "--set", "shard_size=20", "--set",
             "sim.time_scale=2", "--set", "sim.startup_s=0.2", "--set", "tuning.enabled=false"]
-    first = subprocess.Popen(args, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True)
+    # A fresh Prefect database is migrated first: two processes migrating one new SQLite
+    # file at once is a known Prefect failure ("database is locked"), not this test's subject.
+    subprocess.run([str(ROOT / ".venv" / "bin" / "prefect"), "server", "database", "upgrade",
+                    "-y"], env=env, cwd=ROOT, capture_output=True, timeout=300, check=True)
+    log = tmp_path / "first.log"
+    with open(log, "wb") as sink:
+        first = subprocess.Popen(args, env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
     manifest = out / "manifest.jsonl"
     deadline = time.monotonic() + 240
     while not (manifest.exists() and manifest.read_text().strip()):
-        assert first.poll() is None and time.monotonic() < deadline, "first run never committed"
+        assert first.poll() is None and time.monotonic() < deadline, (
+            f"first run never committed; its output ends:\n{log.read_text()[-3000:]}")
         time.sleep(0.5)
     os.killpg(first.pid, signal.SIGKILL)
     first.wait(30)
@@ -50,8 +51,8 @@ def test_killed_cli_run_is_marked_crashed_by_the_next_run(tmp_path: Path) -> Non
                             env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "its process is gone; marked Crashed" in second.stderr
-    states = subprocess.run([sys.executable, "-c", STATES], env=env, capture_output=True,
-                            text=True, timeout=120)
-    values = sorted(json.loads(states.stdout.strip().splitlines()[-1]).values())
-    assert values == ["COMPLETED", "CRASHED"], states.stdout + states.stderr
+    # What the UI shows is what the database holds.
+    with sqlite3.connect(tmp_path / "prefect-home" / "prefect.db") as db:
+        states = sorted(row[0] for row in db.execute("SELECT state_type FROM flow_run"))
+    assert states == ["COMPLETED", "CRASHED"]
     assert len(manifest.read_text().splitlines()) == 20  # every shard, once
