@@ -70,16 +70,17 @@ def plot_png(samples: list[Sample], caps: dict[int, dict[str, int]], time_scale:
                                                   constrained_layout=True)
     rates = token_rates(samples, time_scale)
     interval = _sample_interval(samples)
+    gap = 2.5 * interval
     for server, points in sorted(rates.items()):
-        ax_tok.plot(*zip(*points, strict=True), lw=1, label=server)
+        ax_tok.plot(*_gapped(points, gap), lw=1, label=server)
     if len(rates) > 1:
-        ax_tok.plot(*zip(*fleet_rate(rates, interval), strict=True), lw=2, color="black",
+        ax_tok.plot(*_gapped(fleet_rate(rates, interval), gap), lw=2, color="black",
                     label="fleet")
     ax_tok.set_ylabel("output tok/s")
     ax_tok.set_ylim(bottom=0)
     ax_tok.set_title(f"output tokens per second, {clock} (each server's generation_tokens_total)")
-    _running_panel(ax_run, samples, caps)
-    _pool_panel(ax_pool, samples)
+    _running_panel(ax_run, samples, caps, gap)
+    _pool_panel(ax_pool, samples, gap)
     end = max([run_seconds, *(s.t for s in samples)])
     for ax in (ax_tok, ax_run, ax_pool):
         ax.set_xlim(0, end)
@@ -99,20 +100,35 @@ def plot_png(samples: list[Sample], caps: dict[int, dict[str, int]], time_scale:
     return buf.getvalue()
 
 
+def _gapped(points: list[tuple[float, float]], max_gap: float) -> tuple[list[float], list[float]]:
+    """x and y with a NaN wherever samples stop for longer than `max_gap` (a restart, a
+    server down): the line breaks there instead of drawing values nobody measured."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for t, v in sorted(points):
+        if xs and t - xs[-1] > max_gap:
+            xs.append(xs[-1])
+            ys.append(float("nan"))
+        xs.append(t)
+        ys.append(v)
+    return xs, ys
+
+
 def _sample_interval(samples: list[Sample]) -> float:
     times = sorted({round(s.t, 1) for s in samples})
     gaps = sorted(b - a for a, b in itertools.pairwise(times) if b > a)
     return gaps[len(gaps) // 2] if gaps else 1.0
 
 
-def _running_panel(ax: Any, samples: list[Sample], caps: dict[int, dict[str, int]]) -> None:
+def _running_panel(ax: Any, samples: list[Sample], caps: dict[int, dict[str, int]],
+                   gap: float) -> None:
     by_server: Series = defaultdict(list)
     for s in samples:
         if s.running is not None:
             by_server[s.server].append((s.t, float(s.running)))
     for i, (server, points) in enumerate(sorted(by_server.items())):
         color = f"C{i % 10}"
-        ax.plot(*zip(*sorted(points), strict=True), lw=1, color=color, label=f"{server} running")
+        ax.plot(*_gapped(points, gap), lw=1, color=color, label=f"{server} running")
         for epoch, span in _epoch_spans(samples).items():
             cap = caps.get(epoch, {}).get(server)
             if cap is not None:
@@ -122,7 +138,7 @@ def _running_panel(ax: Any, samples: list[Sample], caps: dict[int, dict[str, int
     ax.set_title("running requests (solid) against each server's measured cap (dotted)")
 
 
-def _pool_panel(ax: Any, samples: list[Sample]) -> None:
+def _pool_panel(ax: Any, samples: list[Sample], gap: float) -> None:
     kv: Series = defaultdict(list)
     mamba: Series = defaultdict(list)
     for s in samples:
@@ -133,10 +149,9 @@ def _pool_panel(ax: Any, samples: list[Sample]) -> None:
     for i, server in enumerate(sorted(set(kv) | set(mamba))):
         color = f"C{i % 10}"
         if kv.get(server):
-            ax.plot(*zip(*sorted(kv[server]), strict=True), lw=1, color=color,
-                    label=f"{server} KV")
+            ax.plot(*_gapped(kv[server], gap), lw=1, color=color, label=f"{server} KV")
         if mamba.get(server):
-            ax.plot(*zip(*sorted(mamba[server]), strict=True), lw=1, color=color, ls="--",
+            ax.plot(*_gapped(mamba[server], gap), lw=1, color=color, ls="--",
                     label=f"{server} mamba")
     ax.set_ylim(0, 105)
     ax.set_ylabel("pool usage (%)")

@@ -61,3 +61,13 @@ def test_summary_says_which_clock() -> None:
     real = summary_lines(summary(1.0))
     assert not any("simulated" in line for line in real)
     assert "restarts: 1; epoch 1: mamba-bound → no_buffer" in real
+
+
+def test_lines_break_where_sampling_stopped() -> None:
+    """A restart's gap is not drawn as a line through values nobody measured."""
+    import math
+
+    from flows.report import _gapped
+
+    xs, ys = _gapped([(0, 1.0), (1, 2.0), (10, 3.0)], max_gap=2.5)
+    assert xs == [0, 1, 1, 10] and math.isnan(ys[2]) and ys[3] == 3.0
