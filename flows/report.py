@@ -17,6 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from flows.summary import summary_lines
 from tasks.monitor import Sample
 
 Series = dict[str, list[tuple[float, float]]]
@@ -184,8 +185,6 @@ def write_report(output: Path, summary: dict[str, Any], samples: list[Sample],
 
 
 def _markdown(summary: dict[str, Any], cycles: list[dict[str, Any]]) -> str:
-    from flows.summary import summary_lines
-
     lines = ["# expansion run report", "", *(f"- {line}" for line in summary_lines(summary)),
              "", "{image}", ""]
     if cycles:
