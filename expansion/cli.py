@@ -106,16 +106,16 @@ def run(
         "sampling.max_new_tokens": max_new_tokens,
         "upload_to": upload_to,
         "sim.time_scale": time_scale,
+        "prompts": str(prompts) if prompts else None, "output": output, "engine": engine,
+        "gpus": _gpus(gpus), "model": model,
     }
+    # A named option wins over `--set` of the same field (both are on the command line).
     overrides.update({k: v for k, v in shortcuts.items() if v is not None})
-    gpu_list = _gpus(gpus)
     config_file = str(config) if config else None
-    prompts_path = str(prompts) if prompts else None
     from infra.settings import SettingsError, load_settings
 
     try:
-        settings = load_settings(config_file, prompts=prompts_path, output=output,
-                                 engine=engine, gpus=gpu_list, model=model, **overrides)
+        settings = load_settings(config_file, **overrides)
     except SettingsError as exc:
         _fail(str(exc))
         return
@@ -146,9 +146,10 @@ def run(
                   "Crashed", highlight=False, soft_wrap=True)
     try:
         with _manifest_progress(settings.local_output()), tags(process_tag()):
-            summary = generate(prompts=prompts_path, output=output, engine=engine,
-                               gpus=gpu_list, model=model, config_file=config_file,
-                               overrides=overrides)
+            # The flow's own parameters show in the Prefect UI; the rest are overrides.
+            top = {k: overrides.pop(k) for k in ("prompts", "output", "engine", "gpus", "model")
+                   if k in overrides}
+            summary = generate(**top, config_file=config_file, overrides=overrides)
     except (InputError, PlanMismatch, LaunchError, ServerStartFailed, ValueError) as exc:
         _fail(str(exc), code=1)
         return
@@ -207,11 +208,11 @@ def _manifest_progress(output: Path) -> Iterator[None]:
 
 
 def _print_launch_commands(settings: Any) -> None:
-    from tasks.servers import build_launch_specs
+    from tasks.servers import LaunchError, build_launch_specs
 
     try:
         specs = build_launch_specs(settings, settings.local_output())
-    except ValueError as exc:
+    except (ValueError, LaunchError) as exc:
         _fail(str(exc))
         return
     from infra.processes import ephemeral_port_warning

@@ -1,42 +1,91 @@
 #!/bin/bash
 # Device side (the lent H200), from the checkout's root. Steps, one device call each, each
-# within 30 s of the last (a warm machine keeps /tmp, not ignored folders of the checkout):
+# within 30 s of the last (a warm machine keeps /tmp, not the ignored folders of the checkout):
 #   deps       carry [".whl"]          unpack the pipeline's deps into /tmp/expdeps, then run
 #                                      the contract tests on the simulator under Python 3.12
-#   e2e ROWS   carry [".real-sglang"]  the 27B job (job_27b.toml) on real SGLang, ROWS prompts
-#   fleet      carry [".real-sglang"]  3 tiny-model servers on the one GPU through the
-#                                      pipeline, then the live contract tests against one
-# Results go to $OUT (at most 8 files come back): logs and a tar of the output folder.
+#   warm       carry [".real-sglang"]  unpack SGLang into /tmp/real-sglang-rt, start the 27B
+#                                      once (kernel JIT and triton caches land in /tmp), run
+#                                      the live contract tests against it (input_ids)
+#   e2e ROWS   carry [".real-sglang"]  the restart cycle: job_27b_restart.toml, ROWS prompts
+#   fleet      carry [".real-sglang"]  the tiny model alone (OpenAI answers, live contract
+#                                      tests with text), then 3 servers on the one GPU
+# Results go to $OUT (at most 8 files come back): logs and tars of the output folders.
 set -uo pipefail
-D=/tmp/expdeps; ROOT=$PWD
+D=/tmp/expdeps; ROOT=$PWD; RT=/tmp/real-sglang-rt
 export PYTHONUNBUFFERED=1 PREFECT_HOME=/tmp/prefect-home
-printf '#!/bin/bash\nunset PYTHONPATH\nexec bash %s/.real-sglang/run.sh python3 "$@"\n' "$ROOT" > /tmp/sglpy
+# run.sh keeps its runtime next to the checkout, which does not survive between calls: the
+# same script with the runtime (and its JIT caches) in /tmp, and SGLang's own environment
+# for the pipeline's `python` setting.
+sed -e "s#^H=.*#H=$ROOT/.real-sglang#" -e "s#^R=.*#R=$RT; mkdir -p \"\$R\"#" \
+  .real-sglang/run.sh > /tmp/run-sglang.sh 2>/dev/null
+printf '#!/bin/bash\nunset PYTHONPATH\nexec bash /tmp/run-sglang.sh python3 "$@"\n' > /tmp/sglpy
 chmod +x /tmp/sglpy
+need_deps() { [ -d $D/prefect ] || { echo "no /tmp/expdeps: run 'deps' first on this machine"; exit 5; }; }
+wait_health() {  # URL SECONDS
+  python3 - "$1" "$2" <<'PY'
+import sys, time, urllib.request
+end = time.time() + float(sys.argv[2])
+while time.time() < end:
+    try:
+        if urllib.request.urlopen(sys.argv[1] + "/health", timeout=2).status == 200:
+            sys.exit(0)
+    except OSError:
+        pass
+    time.sleep(1)
+sys.exit(1)
+PY
+}
+stop_server() { kill -TERM -- "-$1" 2>/dev/null; wait "$1" 2>/dev/null; }
+live_contract() {  # URL LOG TOKENIZED NAME
+  EXPANSION_CONTRACT_URL=$1 EXPANSION_CONTRACT_LOG=$2 EXPANSION_CONTRACT_TOKENIZED=$3 \
+    PYTHONPATH=$D:$ROOT python3 -m pytest -q -p no:cacheprovider tests/contract/test_live.py \
+    2>&1 | tee "$OUT/contract-live-$4.log"
+}
+SGL_COMMON=(--load-format dummy --attention-backend triton --sampling-backend pytorch
+            --grammar-backend none --enable-metrics --host 127.0.0.1)
 case "${1:-}" in
 deps)
   mkdir -p $D && tar -xJf .whl/rest.tar.xz -C $D && tar -xJf .whl/polars.tar.xz -C $D &&
     python3 -c "import zipfile,glob; [zipfile.ZipFile(f).extractall('$D') for f in glob.glob('.whl/asyncpg-*.whl')]" || exit 3
-  PYTHONPATH=$D:$ROOT python3 -m pytest -q -p no:cacheprovider tests/contract tests/unit 2>&1 | tee $OUT/deps-tests.log
+  PYTHONPATH=$D:$ROOT python3 -m pytest -q -p no:cacheprovider tests/contract 2>&1 | tee $OUT/deps-tests.log
+  ;;
+warm)
+  need_deps; t0=$(date +%s)
+  setsid /tmp/sglpy -m sglang.launch_server --model-path .real-sglang/models/qwen3.6-27b-text \
+    "${SGL_COMMON[@]}" --skip-tokenizer-init --mem-fraction-static 0.9 \
+    --mamba-radix-cache-strategy extra_buffer --mamba-full-memory-ratio 0.3 --port 30000 \
+    > /tmp/q27-warm.log 2>&1 & pid=$!
+  wait_health http://127.0.0.1:30000 400; echo "27B healthy after $(( $(date +%s)-t0 )) s" | tee $OUT/warm.txt
+  live_contract http://127.0.0.1:30000 /tmp/q27-warm.log 1 q27b
+  python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:30000/server_info').read().decode())" > $OUT/q27b-ratio03.server_info.json
+  stop_server $pid; cp /tmp/q27-warm.log $OUT/q27b-warm.server.log
   ;;
 e2e)
-  [ -d $D/prefect ] || { echo "no /tmp/expdeps: run 'deps' first on this machine"; exit 5; }
-  PYTHONPATH=$D:$ROOT python3 bench/real_sglang/make_prompts.py --rows "${2:-2000}" --out /tmp/p27.jsonl
+  need_deps
+  PYTHONPATH=$D:$ROOT python3 bench/real_sglang/make_prompts.py --rows "${2:-2500}" --out /tmp/p27.jsonl
   rm -rf /tmp/e2e
-  PYTHONPATH=$D:$ROOT timeout 560 python3 -m expansion.cli run --config bench/real_sglang/job_27b_restart.toml \
+  PYTHONPATH=$D:$ROOT timeout 565 python3 -m expansion.cli run --config bench/real_sglang/job_27b_restart.toml \
     --prompts /tmp/p27.jsonl --output /tmp/e2e --set python=/tmp/sglpy 2>&1 | tee $OUT/e2e.log
   nvidia-smi > $OUT/nvidia-smi-after.txt 2>&1; tar -czf $OUT/e2e-output.tar.gz -C /tmp e2e
   ;;
 fleet)
-  [ -d $D/prefect ] || { echo "no /tmp/expdeps: run 'deps' first on this machine"; exit 5; }
+  need_deps; M=.real-sglang/models/tiny-qwen3-next; t0=$(date +%s)
+  setsid /tmp/sglpy -m sglang.launch_server --model-path $M "${SGL_COMMON[@]}" \
+    --mem-fraction-static 0.3 --cuda-graph-max-bs 32 --disable-prefill-cuda-graph \
+    --mamba-radix-cache-strategy extra_buffer --port 30100 > /tmp/tiny.log 2>&1 & pid=$!
+  wait_health http://127.0.0.1:30100 300; echo "tiny healthy after $(( $(date +%s)-t0 )) s" | tee $OUT/tiny.txt
+  PYTHONPATH=$D:$ROOT python3 bench/real_sglang/capture_answers.py http://127.0.0.1:30100 $M $OUT/tiny-answers.json
+  live_contract http://127.0.0.1:30100 /tmp/tiny.log 0 tiny
+  stop_server $pid; cp /tmp/tiny.log $OUT/tiny.server.log
   python3 - <<'PY' > /tmp/tiny.jsonl
 import json
 for i in range(3000):
     print(json.dumps({"id": i, "prompt": f"Write a short note number {i} about state caches."}))
 PY
   rm -rf /tmp/fleet
-  PYTHONPATH=$D:$ROOT timeout 400 python3 -m expansion.cli run --config bench/real_sglang/job_tiny_fleet.toml \
+  PYTHONPATH=$D:$ROOT timeout 300 python3 -m expansion.cli run --config bench/real_sglang/job_tiny_fleet.toml \
     --prompts /tmp/tiny.jsonl --output /tmp/fleet --set python=/tmp/sglpy 2>&1 | tee $OUT/fleet.log
   tar -czf $OUT/fleet-output.tar.gz -C /tmp fleet
   ;;
-*) echo "usage: device.sh deps|e2e ROWS|fleet"; exit 2;;
+*) echo "usage: device.sh deps|warm|e2e ROWS|fleet"; exit 2;;
 esac

@@ -90,6 +90,24 @@ def test_cli_dry_run_prints_one_launch_line_per_gpu() -> None:
     assert "warning" not in proc.stderr  # the default base_port is below the ephemeral range
 
 
+def test_cli_set_of_a_top_level_field_is_the_same_as_its_option() -> None:
+    """`--set engine=sglang` once broke with "got multiple values for keyword 'engine'"."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "expansion.cli", "run", "--dry-run", "--set", "engine=sglang",
+         "--set", "gpus=[0, 1]", "--set", "model=/models/x", "--set", "python=/opt/py"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2
+    assert "sglang_version" in proc.stderr and "Traceback" not in proc.stderr  # not here
+    proc = subprocess.run(
+        [sys.executable, "-m", "expansion.cli", "run", "--dry-run", "--set", "engine=sglang",
+         "--set", "gpus=[0, 1]", "--set", "model=/models/x", "--set", "python=/opt/py",
+         "--set", "sglang_version=0.5.17"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120)
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 2 and all("/opt/py -m sglang.launch_server --model-path /models/x"
+                                   in line for line in lines)
+
+
 def test_cli_warns_about_server_ports_in_the_ephemeral_range() -> None:
     from infra.processes import ephemeral_port_range
 
