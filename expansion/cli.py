@@ -33,6 +33,8 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _parse_sets(pairs: list[str]) -> dict[str, Any]:
+    from infra.settings import NULL
+
     out: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
@@ -42,7 +44,7 @@ def _parse_sets(pairs: list[str]) -> dict[str, Any]:
             value: Any = json.loads(raw)
         except json.JSONDecodeError:
             value = raw
-        out[key.strip()] = value
+        out[key.strip()] = NULL if value is None else value
     return out
 
 
@@ -112,7 +114,7 @@ def run(
     # A named option wins over `--set` of the same field (both are on the command line).
     overrides.update({k: v for k, v in shortcuts.items() if v is not None})
     config_file = str(config) if config else None
-    from infra.settings import SettingsError, load_settings
+    from infra.settings import NULL, SettingsError, load_settings
 
     try:
         settings = load_settings(config_file, **overrides)
@@ -149,7 +151,9 @@ def run(
             # The flow's own parameters show in the Prefect UI; the rest are overrides.
             top = {k: overrides.pop(k) for k in ("prompts", "output", "engine", "gpus", "model")
                    if k in overrides}
-            summary = generate(**top, config_file=config_file, overrides=overrides)
+            # A flow parameter is JSON: an explicit null travels as None (job_settings).
+            params = {k: (None if v is NULL else v) for k, v in overrides.items()}
+            summary = generate(**top, config_file=config_file, overrides=params)
     except (InputError, PlanMismatch, LaunchError, ServerStartFailed, ValueError) as exc:
         _fail(str(exc), code=1)
         return

@@ -29,7 +29,7 @@ from flows.summary import format_summary
 from infra.ledger import ManifestEntry
 from infra.processes import ephemeral_port_warning
 from infra.prompts import validate_input
-from infra.settings import JobSettings, load_settings
+from infra.settings import NULL, JobSettings, load_settings
 from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
 from infra.sglang.planner import MAX_MEM_FRACTION
 from infra.sglang.profiles import GpuProfile, ModelProfile, gpu_profile, model_profile
@@ -61,7 +61,10 @@ def job_settings(prompts: str | None = None, output: str | None = None,
     """Flow parameters → settings (explicit parameters win over overrides, file and env)."""
     explicit = {"prompts": prompts, "output": output, "engine": engine, "gpus": gpus,
                 "model": model}
-    merged = {**(overrides or {}), **{k: v for k, v in explicit.items() if v is not None}}
+    # In `overrides` a None was given on purpose ({"server.max_running_requests": null}):
+    # it overrides the config file. An explicit parameter left None means "not given".
+    given = {k: (NULL if v is None else v) for k, v in (overrides or {}).items()}
+    merged = {**given, **{k: v for k, v in explicit.items() if v is not None}}
     return load_settings(config_file, **merged)
 
 

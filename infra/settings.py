@@ -232,12 +232,25 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Jo
         raise SettingsError(f"invalid settings: {exc}; check the EXPANSION_* variables") from None
 
 
+class _Null:
+    """An explicit null from the command line (`--set server.max_running_requests=null`):
+    unlike None, which means "not given", it overrides a value from the config file."""
+
+    def __repr__(self) -> str:
+        return "NULL"
+
+
+NULL: Any = _Null()
+
+
 def _nest(flat: dict[str, Any]) -> dict[str, Any]:
     """{'server.mem_fraction_static': 0.9} → {'server': {'mem_fraction_static': 0.9}}."""
     nested: dict[str, Any] = {}
     for key, value in flat.items():
         if value is None:
             continue
+        if value is NULL:
+            value = None
         node = nested
         *parents, leaf = key.split(".")
         for part in parents:

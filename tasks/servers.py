@@ -8,6 +8,7 @@ is only ever signalled if its pid *and* start time match what we recorded.
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -98,11 +99,15 @@ def _sim_env(settings: JobSettings, version: SGLangVersion) -> dict[str, str]:
     import json
 
     sim = settings.sim
+    # The checkout first (the simulator's code), then whatever the caller's PYTHONPATH holds:
+    # its dependencies may live there (a device with packages unpacked beside Python).
+    path = os.pathsep.join(p for p in (str(Path(__file__).resolve().parent.parent),
+                                       os.environ.get("PYTHONPATH")) if p)
     env = {
         "EXPANSION_SIM_GPU": sim.gpu,
         "EXPANSION_SIM_TIME_SCALE": str(sim.time_scale),
         "EXPANSION_SIM_SGLANG_VERSION": version.label,
-        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+        "PYTHONPATH": path,
     }
     if settings.weights_gib is not None:
         env["EXPANSION_SIM_WEIGHTS_GIB"] = str(settings.weights_gib)

@@ -108,6 +108,19 @@ def test_cli_set_of_a_top_level_field_is_the_same_as_its_option() -> None:
                                    in line for line in lines)
 
 
+def test_cli_set_null_overrides_the_config_file(tmp_path: Path) -> None:
+    """`--set server.mamba_full_memory_ratio=null` once left the file's 0.3 in place."""
+    job = tmp_path / "job.toml"
+    job.write_text('[server]\nmamba_full_memory_ratio = 0.3\n')
+    base = [sys.executable, "-m", "expansion.cli", "run", "--dry-run", "--config", str(job)]
+    kept = subprocess.run(base, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    reset = subprocess.run([*base, "--set", "server.mamba_full_memory_ratio=null"],
+                           capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert kept.returncode == reset.returncode == 0, kept.stderr + reset.stderr
+    assert "--mamba-full-memory-ratio 0.3" in kept.stdout
+    assert "--mamba-full-memory-ratio" not in reset.stdout
+
+
 def test_cli_warns_about_server_ports_in_the_ephemeral_range() -> None:
     from infra.processes import ephemeral_port_range
 
