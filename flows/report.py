@@ -23,22 +23,33 @@ from tasks.monitor import Sample
 Series = dict[str, list[tuple[float, float]]]
 
 
-def token_rates(samples: list[Sample], time_scale: float) -> Series:
-    """Per server: (t, output tok/s) between consecutive samples of its token counter.
+# The trailing window of the token-rate panel, in monitor samples (30 s at the default 3 s).
+RATE_WINDOW_SAMPLES = 10
 
-    A server's first sample has no predecessor and gives no point (never a 0 it did not
-    measure); a counter that went back (a restarted server) starts over. tok/s are in the
-    clock of `time_scale` (1: wall clock; the simulator's: modeled GPU time)."""
+
+def token_rates(samples: list[Sample], time_scale: float, window_s: float = 0.0) -> Series:
+    """Per server: (t, output tok/s) from its token counter, over a trailing window.
+
+    Real SGLang adds a request's tokens to `generation_tokens_total` when the request ends,
+    so between two 3-second samples the counter often does not move at all: a rate over
+    `window_s` (from the oldest sample inside it) shows the speed, not the finishing waves.
+    0 means between consecutive samples. A server's first sample gives no point (never a 0
+    it did not measure); a counter that went back (a restarted server) starts over. tok/s
+    are in the clock of `time_scale` (1: wall clock; the simulator's: modeled GPU time)."""
     rates: Series = defaultdict(list)
-    last: dict[str, tuple[float, float]] = {}
+    history: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for s in sorted(samples, key=lambda s: s.t):
         if s.generation_tokens_total is None:
             continue
-        prev = last.get(s.server)
-        if prev is not None and s.t > prev[0] and s.generation_tokens_total >= prev[1]:
-            rate = (s.generation_tokens_total - prev[1]) / (s.t - prev[0]) / time_scale
-            rates[s.server].append((s.t, rate))
-        last[s.server] = (s.t, s.generation_tokens_total)
+        past = history[s.server]
+        if past and s.generation_tokens_total < past[-1][1]:
+            past.clear()  # restarted: its counter began again
+        inside = [p for p in past if p[0] >= s.t - window_s] or past[-1:]
+        if inside and s.t > inside[0][0]:
+            t0, c0 = inside[0]
+            rates[s.server].append((s.t, (s.generation_tokens_total - c0) / (s.t - t0)
+                                    / time_scale))
+        past.append((s.t, s.generation_tokens_total))
     return dict(rates)
 
 
@@ -69,8 +80,9 @@ def plot_png(samples: list[Sample], caps: dict[int, dict[str, int]], time_scale:
 
     fig, (ax_tok, ax_run, ax_pool) = plt.subplots(3, 1, figsize=(10, 8), sharex=True,
                                                   constrained_layout=True)
-    rates = token_rates(samples, time_scale)
     interval = _sample_interval(samples)
+    window = RATE_WINDOW_SAMPLES * interval
+    rates = token_rates(samples, time_scale, window)
     gap = 2.5 * interval
     for server, points in sorted(rates.items()):
         ax_tok.plot(*_gapped(points, gap), lw=1, label=server)
@@ -79,7 +91,8 @@ def plot_png(samples: list[Sample], caps: dict[int, dict[str, int]], time_scale:
                     label="fleet")
     ax_tok.set_ylabel("output tok/s")
     ax_tok.set_ylim(bottom=0)
-    ax_tok.set_title(f"output tokens per second, {clock} (each server's generation_tokens_total)")
+    ax_tok.set_title(f"output tokens per second, {clock}, over the last {window:.0f} s "
+                     "(each server's generation_tokens_total)")
     _running_panel(ax_run, samples, caps, gap)
     _pool_panel(ax_pool, samples, gap)
     end = max([run_seconds, *(s.t for s in samples)])

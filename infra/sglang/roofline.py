@@ -30,6 +30,9 @@ class StepCalibration:
     step_overhead_s: float  # fixed per step (launch, sampling) with overlap on
     no_overlap_extra_s: float  # what turning the overlap scheduler off adds per step
     extra_buffer_tracking_slots: float  # ping-pong tracking traffic per request, in slots
+    # Prefill: fraction of peak bf16 FLOPs reached. 0.5 is a guess the seeds never tested;
+    # the H200's comes from SGLang's own prefill lines (bench/real_sglang/fit.py).
+    prefill_efficiency: float = 0.5
 
 
 # The seeds' fit (RTX PRO 6000, a pre-rename build): seed 000 extra_buffer with 31 running
@@ -54,8 +57,6 @@ def calibration_for(gpu: GpuProfile) -> StepCalibration:
 
 # Speculative verify + draft cost relative to a plain decode step, per draft token.
 SPEC_COST_PER_DRAFT_TOKEN = 0.12
-# Prefill: fraction of peak bf16 FLOPs reached.
-PREFILL_EFFICIENCY = 0.5
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def build_roofline(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
         kv_bytes_per_token=float(plan.kv_cell_bytes),
         bandwidth_bps=gpu.bandwidth_gbs * 1e9 * cal.bandwidth_efficiency,
         flops_per_token=2.0 * model.active_params_b * 1e9 / tp,
-        peak_flops=gpu.bf16_tflops * 1e12 * PREFILL_EFFICIENCY,
+        peak_flops=gpu.bf16_tflops * 1e12 * cal.prefill_efficiency,
         overlap=plan.overlap_schedule,
         accept_len=accept,
         spec_factor=1.0 + SPEC_COST_PER_DRAFT_TOKEN * draft,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from infra.sglang.memory import MemoryPlan
 from infra.sglang.roofline import Roofline
+from infra.sim.metrics import RequestLatencies
 
 # The shortest wall-clock sleep per loop iteration: keeps the loop cheap at high time scales.
 MIN_WALL_CHUNK_S = 0.004
@@ -28,6 +29,9 @@ class SimRequest:
     future: asyncio.Future[float]
     generated: float = 0.0
     arrival: float = field(default_factory=time.monotonic)
+    arrived_at: float = 0.0  # modeled clock: queued, admitted, first token
+    admitted_at: float | None = None
+    first_token_at: float | None = None
 
 
 @dataclass
@@ -61,11 +65,11 @@ def tracking_slots(strategy: str, overlap: bool, prefix_state: bool = False) -> 
 
 
 class SimEngine:
-    """The scheduler loop. `submit` returns the modeled end-to-end latency once done."""
+    """The scheduler loop. `submit` returns the finished request (its modeled times)."""
 
     def __init__(self, plan: MemoryPlan, roofline: Roofline, time_scale: float,
                  log: Callable[[str], None], decode_log_interval: int = 40,
-                 prefix_state: bool = False) -> None:
+                 prefix_state: bool = False, max_chunk_steps: int | None = None) -> None:
         self.plan = plan
         self.roofline = roofline
         self.time_scale = time_scale
@@ -81,14 +85,21 @@ class SimEngine:
         self._window_time = 0.0
         self._modeled_clock = 0.0
         self._anchor: tuple[float, float] | None = None  # (wall, modeled clock) pacing origin
+        self.latencies = RequestLatencies()
+        # Steps advanced per loop iteration at most. Unbounded, high time scales batch many
+        # steps per wall-clock wake-up, and requests that arrive meanwhile wait for the chunk;
+        # SGLang admits them at its next step (an exact replay sets 1).
+        self.max_chunk_steps = max_chunk_steps
 
-    async def submit(self, prompt_tokens: int, target_tokens: int) -> float:
+    async def submit(self, prompt_tokens: int, target_tokens: int) -> SimRequest:
         loop = asyncio.get_running_loop()
-        req = SimRequest(prompt_tokens, target_tokens, loop.create_future())
+        req = SimRequest(prompt_tokens, target_tokens, loop.create_future(),
+                         arrived_at=self._modeled_clock)
         self.waiting.append(req)
         self.stats.queued = len(self.waiting)
         self._wake.set()
-        return await req.future
+        await req.future
+        return req
 
     def _kv_used(self) -> int:
         return sum(r.prompt_tokens + int(r.generated) for r in self.running)
@@ -109,6 +120,7 @@ class SimEngine:
             if (len(self.running) + 1) * self._slots_per_request > mamba_limit:
                 break
             self.waiting.popleft()
+            nxt.admitted_at = self._modeled_clock
             self.running.append(nxt)
             kv_used += nxt.prompt_tokens
             prefill += nxt.prompt_tokens
@@ -146,23 +158,27 @@ class SimEngine:
             to_finish = min(math.ceil((r.target_tokens - r.generated) / accept)
                             for r in self.running)
             min_steps = math.ceil(MIN_WALL_CHUNK_S * self.time_scale / step)
-            chunk = max(1, min(to_finish, min_steps))
+            chunk = max(1, min(to_finish, min_steps, self.max_chunk_steps or min_steps))
+            first_token = self._modeled_clock + modeled + step  # after the prefill, 1 step
             modeled += chunk * step
             await self._sleep_modeled(modeled)
-            self._advance(chunk, accept, modeled)
+            self._advance(chunk, accept, modeled, first_token)
 
-    def _advance(self, chunk: int, accept: float, modeled: float) -> None:
+    def _advance(self, chunk: int, accept: float, modeled: float, first_token: float) -> None:
         produced = 0.0
         still: list[SimRequest] = []
         self._modeled_clock += modeled
         for req in self.running:
             before = req.generated
+            if req.first_token_at is None:
+                req.first_token_at = first_token
             req.generated = min(float(req.target_tokens), req.generated + chunk * accept)
             produced += req.generated - before
             if req.generated >= req.target_tokens:
                 self.stats.prompt_tokens_total += req.prompt_tokens
                 self.stats.generation_tokens_total += req.target_tokens
                 self.stats.requests_total += 1
+                self._record(req)
                 if not req.future.done():
                     req.future.set_result(self._modeled_clock)
             elif req.future.cancelled():
@@ -182,6 +198,14 @@ class SimEngine:
             self._window_tokens = self._window_time = 0.0
         self.running = still
         self._publish()
+
+    def _record(self, req: SimRequest) -> None:
+        admitted = req.admitted_at if req.admitted_at is not None else req.arrived_at
+        first = req.first_token_at if req.first_token_at is not None else self._modeled_clock
+        self.latencies.record(queued_s=admitted - req.arrived_at,
+                              ttft_s=first - req.arrived_at,
+                              e2e_s=self._modeled_clock - req.arrived_at,
+                              tokens=req.target_tokens)
 
     def _publish(self, idle: bool = False) -> None:
         s = self.stats

@@ -15,12 +15,10 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
-from datetime import datetime
 from typing import Any
 
 import uvicorn
 import yaml
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -30,71 +28,22 @@ from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
 from infra.sglang.profiles import gpu_profile, model_profile
 from infra.sglang.roofline import build_roofline
 from infra.sglang.versions import parse_version
+from infra.sim import openai_api
 from infra.sim.config import SimConfig, parse_sim_args
-from infra.sim.engine import SimEngine
+from infra.sim.engine import SimEngine, SimRequest
+from infra.sim.metrics import Snapshot
+from infra.sim.metrics import render as render_metrics
+from infra.sim.native_api import bad_request, generate_prompts, generate_refusal
+from infra.sim.startup import (
+    IMPORT_S,
+    READY_LINE,
+    WEIGHT_LOAD_GIB_S,
+    fail_start,
+    log,
+    modeled_startup_s,
+    startup_lines,
+)
 from infra.sim.text import EOS_TOKEN_ID, complete, count_prompt_tokens
-
-READY_LINE = "The server is fired up and ready to roll!"
-
-
-def log(message: str) -> None:
-    """One SGLang-format log line on stdout (the launcher sends it to the log file)."""
-    stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
-    sys.stdout.write(f"[{stamp}] {message}\n")
-    sys.stdout.flush()
-
-
-def fail_start(message: str, kind: str = "ValueError") -> None:
-    log("Scheduler hit an exception: Traceback (most recent call last):")
-    sys.stdout.write(f"{kind}: {message}\n")
-    log("Received sigquit from a child process. It usually means the child failed.")
-    sys.stdout.flush()
-    os._exit(1)
-
-
-# Modeled startup (reference §6.3): imports, weight loading from local NVMe, graph capture.
-IMPORT_S = 20.0
-WEIGHT_LOAD_GIB_S = 2.0
-GRAPH_CAPTURE_S = 30.0
-
-
-def modeled_startup_s(weights_gib: float) -> float:
-    """GPU-time seconds a warm-cache SGLang start takes for this much weight."""
-    return IMPORT_S + weights_gib / WEIGHT_LOAD_GIB_S + GRAPH_CAPTURE_S
-
-
-def startup_lines(cfg: SimConfig, plan: MemoryPlan, free_before: float) -> list[str]:
-    lines = [f"Load weight begin. avail mem={free_before:.2f} GB"]
-    free_after = free_before - plan.weights_gib
-    lines.append(
-        f"Load weight end. elapsed={plan.weights_gib / WEIGHT_LOAD_GIB_S:.2f} s, "
-        f"type=Sim{plan.model.split('/')[-1]}, "
-        f"avail mem={free_after:.2f} GB, mem usage={plan.weights_gib:.2f} GB.")
-    lines += list(plan.warnings)
-    if plan.mamba_cap is not None:
-        mamba = (f"Mamba Cache is allocated. max_mamba_cache_size: {plan.mamba_slots}, "
-                 f"conv_state size: {plan.conv_state_gib:.2f}GB, "
-                 f"ssm_state size: {plan.ssm_state_gib:.2f}GB ")
-        if plan.draft_tokens:
-            mamba += (f"intermediate_ssm_state_cache size: {plan.intermediate_gib:.2f}GB "
-                      f"intermediate_conv_window_cache size: {plan.intermediate_conv_gib:.2f}GB")
-        lines.append(mamba)
-    half = plan.kv_cache_gib / 2
-    lines.append(f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: "
-                 f"{plan.max_total_num_tokens}, K size: {half:.2f} GB, V size: {half:.2f} GB")
-    pools = plan.kv_cache_gib + plan.conv_state_gib + plan.ssm_state_gib + plan.intermediate_gib
-    avail = free_after - pools
-    lines.append(f"Memory pool end. avail mem={avail:.2f} GB")
-    lines.append(f"Capture target decode CUDA graph begin. This can take up to several minutes. "
-                 f"avail mem={avail:.2f} GB")
-    lines.append(f"Capture target decode CUDA graph end. elapsed={GRAPH_CAPTURE_S:.2f} s, "
-                 f"mem usage=0.50 GB, avail mem={avail - 0.5:.2f} GB.")
-    lines.append(
-        f"max_total_num_tokens={plan.max_total_num_tokens}, chunked_prefill_size="
-        f"{plan.chunked_prefill_size}, max_prefill_tokens=16384, max_running_requests="
-        f"{plan.max_running_requests}, context_len={plan.context_len}, "
-        f"available_gpu_mem={avail:.2f} GB")
-    return lines
 
 
 class SimServer:
@@ -108,36 +57,7 @@ class SimServer:
         self.completed = 0
         self.rng = random.Random(cfg.seed)
         self.started = time.time()
-        self.registry = CollectorRegistry()
-        labels = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"]
-        self.label_values = [cfg.model, "unified", "0", "0", "0"]
-        gauge = lambda name, doc: Gauge(f"sglang:{name}", doc, labels,  # noqa: E731
-                                        registry=self.registry)
-        self.gauges = {
-            "num_running_reqs": gauge("num_running_reqs", "The number of running requests."),
-            "num_queue_reqs": gauge("num_queue_reqs", "The number of requests in the queue."),
-            "gen_throughput": gauge("gen_throughput", "The generation throughput (token/s)."),
-            "token_usage": gauge("token_usage", "The token usage."),
-            "full_token_usage": gauge("full_token_usage", "Full-attention token usage."),
-            "num_used_tokens": gauge("num_used_tokens", "The number of used tokens."),
-            "max_total_num_tokens": gauge("max_total_num_tokens", "Max total tokens."),
-            "context_len": gauge("context_len", "The context length."),
-        }
-        if plan.mamba_cap is not None:
-            self.gauges["mamba_usage"] = gauge("mamba_usage", "Used mamba slots / pool.")
-            self.gauges["mamba_used_tokens"] = gauge("mamba_used_tokens", "Used mamba slots.")
-            self.gauges["mamba_available_tokens"] = gauge("mamba_available_tokens",
-                                                          "Free mamba slots.")
-        counter = lambda name, doc: Counter(f"sglang:{name}", doc,  # noqa: E731
-                                            ["model_name", "engine_type"],
-                                            registry=self.registry)
-        self.counters = {
-            "prompt_tokens": counter("prompt_tokens", "Number of prefill tokens processed."),
-            "generation_tokens": counter("generation_tokens",
-                                         "Number of generation tokens processed."),
-            "num_requests": counter("num_requests", "Number of requests processed."),
-        }
-        self._counted = {"prompt_tokens": 0, "generation_tokens": 0, "num_requests": 0}
+        self.startup_phases: dict[str, float] = {}
 
     # --- auth and faults -------------------------------------------------------------
     def authorized(self, request: Request) -> bool:
@@ -159,14 +79,13 @@ class SimServer:
         return None
 
     async def _run_unless_abandoned(self, prompt_tokens: int, target: int,
-                                    request: Request | None) -> None:
+                                    request: Request | None) -> SimRequest:
         """Like SGLang, a request whose client went away is aborted and frees its slots."""
         job = asyncio.ensure_future(self.engine.submit(prompt_tokens, target))
         while True:
             done, _ = await asyncio.wait({job}, timeout=0.5)
             if done:
-                job.result()
-                return
+                return job.result()
             if request is not None and await request.is_disconnected():
                 job.cancel()
                 raise asyncio.CancelledError
@@ -193,8 +112,8 @@ class SimServer:
                 f"messages and {max_new} tokens for the completion.")
         result = complete(prompt if isinstance(prompt, str) else json.dumps(prompt), sampling,
                           self.cfg.seed)
-        started = time.monotonic()
-        await self._run_unless_abandoned(prompt_tokens, result.completion_tokens, request)
+        received, started = time.time(), time.monotonic()
+        req = await self._run_unless_abandoned(prompt_tokens, result.completion_tokens, request)
         latency = time.monotonic() - started
         self.after_completion()
         finish: dict[str, Any] = ({"type": "stop", "matched": EOS_TOKEN_ID}
@@ -213,8 +132,25 @@ class SimServer:
                 "weight_version": "default",
                 "num_retractions": 0,
                 "e2e_latency": latency,
+                **self._timings(req, received, latency),
             },
         }
+
+    def _timings(self, req: SimRequest, received: float, latency: float) -> dict[str, Any]:
+        """SGLang's per-request timestamps (wall clock) from the engine's modeled times."""
+        scale = self.cfg.time_scale
+        admitted = req.admitted_at if req.admitted_at is not None else req.arrived_at
+        first = req.first_token_at if req.first_token_at is not None else admitted
+        queue_s = (admitted - req.arrived_at) / scale
+        prefill_done = received + (first - req.arrived_at) / scale
+        decode_s = max(latency - (prefill_done - received), 1e-9)
+        return {"forward_entry_time": received, "prefill_finished_time": prefill_done,
+                "queue_time": queue_s, "reasoning_tokens": 0, "cached_tokens_details": None,
+                "dp_rank": None, "request_received_ts": received,
+                "api_server_dispatch_finish_ts": received,
+                "request_finished_ts": received + latency,
+                "decode_throughput": req.target_tokens / decode_s,
+                "response_sent_to_client_ts": received + latency}
 
 
 def reset_connection(request: Request) -> None:
@@ -232,32 +168,6 @@ def reset_connection(request: Request) -> None:
     if sock is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     transport.abort()
-
-
-def _generate_prompt(body: dict[str, Any] | None,
-                     skip_tokenizer_init: bool) -> tuple[str | list[int] | None, str]:
-    """The prompt of a native /generate body (text or input_ids), or None and why not."""
-    if body is None:
-        return None, "request body must be a JSON object"
-    ids = body.get("input_ids")
-    if ids is not None:
-        if (not isinstance(ids, list) or not ids
-                or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
-            return None, "`input_ids` must be a non-empty list of token ids (integers)"
-        return ids, ""
-    if skip_tokenizer_init:
-        return None, ("`input_ids` is required: the server runs with --skip-tokenizer-init "
-                      "and has no tokenizer for `text`")
-    if not isinstance(body.get("text"), str):
-        return None, "`text` (a string) or `input_ids` is required"
-    return body["text"], ""
-
-
-def _bad_request(message: str, openai: bool) -> JSONResponse:
-    if openai:
-        return JSONResponse({"object": "error", "message": message, "type": "BadRequestError",
-                             "param": None, "code": 400}, status_code=400)
-    return JSONResponse({"error": {"message": message}}, status_code=400)
 
 
 def build_app(server: SimServer) -> Starlette:
@@ -279,13 +189,13 @@ def build_app(server: SimServer) -> Starlette:
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
             {"id": cfg.model, "object": "model", "created": int(server.started),
-             "owned_by": "sglang", "root": cfg.model, "max_model_len": server.plan.context_len}]})
+             "owned_by": "sglang", "root": cfg.model, "parent": None,
+             "max_model_len": server.plan.context_len}]})
 
     async def metrics(request: Request) -> Response:
         if not cfg.flags.enable_metrics:
             return PlainTextResponse("Not Found", status_code=404)
-        update_metrics(server)
-        return Response(generate_latest(server.registry),
+        return Response(metrics_text(server),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def read_json(request: Request) -> dict[str, Any] | None:
@@ -301,64 +211,39 @@ def build_app(server: SimServer) -> Starlette:
         if not server.ready:
             return JSONResponse({"error": {"message": "server not ready"}}, status_code=503)
         body = await read_json(request)
-        prompt, problem = _generate_prompt(body, cfg.skip_tokenizer_init)
-        if prompt is None:
-            return _bad_request(problem, openai=False)
+        prompts, batch, problem = generate_prompts(body, cfg.skip_tokenizer_init)
+        problem = problem or generate_refusal(body or {}) or ""
+        if prompts is None or problem:
+            return bad_request(problem, openai=False)
         fault = await server.maybe_fault(request)
         if fault is not None:
             return fault
         sampling = dict((body or {}).get("sampling_params") or {})
         try:
-            out = await server.generate_one(prompt, sampling, request)
+            outs = await asyncio.gather(*(server.generate_one(p, sampling, request)
+                                          for p in prompts))
         except ValueError as exc:
-            return _bad_request(str(exc), openai=False)
-        return JSONResponse(out)
+            return bad_request(str(exc), openai=False)
+        return JSONResponse(list(outs) if batch else outs[0])
+
+    async def flush_cache(request: Request) -> Response:
+        return PlainTextResponse(
+            "Cache flushed.\nPlease check backend logs for more details. (When there are "
+            "running or waiting requests, the operation will not be performed.)\n")
 
     async def openai(request: Request, chat: bool) -> Response:
         if not server.authorized(request):
             return JSONResponse({"error": "Unauthorized"}, status_code=401)
         body = await read_json(request)
         if body is None:
-            return _bad_request("request body must be a JSON object", openai=True)
-        if chat:
-            msgs = body.get("messages")
-            if not isinstance(msgs, list) or not msgs:
-                return _bad_request("`messages` must be a non-empty list", openai=True)
-            prompt = "".join(f"<|im_start|>{m.get('role')}\n{m.get('content')}<|im_end|>\n"
-                             for m in msgs if isinstance(m, dict))
-        else:
-            raw = body.get("prompt")
-            if not isinstance(raw, str):
-                return _bad_request("`prompt` (a string) is required", openai=True)
-            prompt = raw
+            return bad_request("request body must be a JSON object", openai=True)
         fault = await server.maybe_fault(request)
         if fault is not None:
             return fault
-        sampling = {"max_new_tokens": body.get("max_tokens") or body.get("max_completion_tokens")
-                    or 128, "temperature": body.get("temperature", 1.0),
-                    "top_p": body.get("top_p", 1.0)}
-        if body.get("seed") is not None:
-            sampling["sampling_seed"] = body["seed"]
         try:
-            out = await server.generate_one(prompt, sampling, request)
+            return await openai_api.respond(body, chat, cfg.model, request, server.generate_one)
         except ValueError as exc:
-            return _bad_request(str(exc), openai=True)
-        meta = out["meta_info"]
-        reason = meta["finish_reason"]["type"]
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason,
-                                  "matched_stop": EOS_TOKEN_ID if reason == "stop" else None}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": out["text"],
-                                 "reasoning_content": None, "tool_calls": None}
-        else:
-            choice["text"] = out["text"]
-        return JSONResponse({
-            "id": meta["id"], "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()), "model": cfg.model, "choices": [choice],
-            "usage": {"prompt_tokens": meta["prompt_tokens"],
-                      "completion_tokens": meta["completion_tokens"],
-                      "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"]},
-        })
+            return bad_request(str(exc), openai=True)
 
     async def completions(request: Request) -> Response:
         return await openai(request, chat=False)
@@ -380,6 +265,7 @@ def build_app(server: SimServer) -> Starlette:
         Route("/model_info", model_info), Route("/get_model_info", model_info),
         Route("/v1/models", models), Route("/metrics", metrics),
         Route("/generate", generate, methods=["POST"]),
+        Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     ]
@@ -416,32 +302,18 @@ def server_info_body(server: SimServer) -> dict[str, Any]:
             "internal_states": [internal], "version": cfg.version}
 
 
-def update_metrics(server: SimServer) -> None:
-    eng, lv = server.engine, server.label_values
-    stats = eng.stats
-    kv = eng.kv_usage()
-    mamba = eng.mamba_usage()
-    g = server.gauges
-    g["num_running_reqs"].labels(*lv).set(stats.running)
-    g["num_queue_reqs"].labels(*lv).set(stats.queued)
-    g["gen_throughput"].labels(*lv).set(stats.gen_throughput)
-    g["full_token_usage"].labels(*lv).set(round(kv, 2))
-    g["token_usage"].labels(*lv).set(round(max(kv, mamba or 0.0), 2))
-    g["num_used_tokens"].labels(*lv).set(stats.kv_used_tokens)
-    g["max_total_num_tokens"].labels(*lv).set(server.plan.max_total_num_tokens)
-    g["context_len"].labels(*lv).set(server.plan.context_len)
-    if mamba is not None:
-        g["mamba_usage"].labels(*lv).set(round(mamba, 2))
-        g["mamba_used_tokens"].labels(*lv).set(stats.mamba_used)
-        g["mamba_available_tokens"].labels(*lv).set(server.plan.mamba_slots - stats.mamba_used)
-    totals = {"prompt_tokens": stats.prompt_tokens_total,
-              "generation_tokens": stats.generation_tokens_total,
-              "num_requests": stats.requests_total}
-    for name, total in totals.items():
-        delta = total - server._counted[name]
-        if delta > 0:
-            server.counters[name].labels(lv[0], lv[1]).inc(delta)
-            server._counted[name] = total
+def metrics_text(server: SimServer) -> str:
+    eng, plan = server.engine, server.plan
+    st = eng.stats
+    return render_metrics(server.cfg.model, Snapshot(
+        running=st.running, queued=st.queued, gen_throughput=st.gen_throughput,
+        kv_used_tokens=st.kv_used_tokens, max_total_num_tokens=plan.max_total_num_tokens,
+        context_len=plan.context_len,
+        mamba_used=st.mamba_used if plan.mamba_cap is not None else None,
+        mamba_slots=plan.mamba_slots, prompt_tokens_total=st.prompt_tokens_total,
+        generation_tokens_total=st.generation_tokens_total, requests_total=st.requests_total,
+        spec_accept_length=eng.roofline.accept_len if server.cfg.flags.speculative else 0.0,
+        startup_phases=server.startup_phases), eng.latencies, os.getpid())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -487,6 +359,10 @@ def main(argv: list[str] | None = None) -> None:
     engine = SimEngine(plan, roofline, cfg.time_scale, log, cfg.decode_log_interval,
                        prefix_state)
     server = SimServer(cfg, plan, engine)
+    modeled = delay * cfg.time_scale  # /metrics speaks modeled GPU seconds
+    server.startup_phases = {
+        "load_weight": model.weights_gib / WEIGHT_LOAD_GIB_S, "kv_cache_allocation": 0.03,
+        "scheduler_e2e": modeled, "tokenizer_e2e": modeled + IMPORT_S / 2}
     uvicorn.run(build_app(server), host=cfg.host, port=cfg.port, log_level="warning",
                 access_log=False, timeout_graceful_shutdown=30)
 

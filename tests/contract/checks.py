@@ -21,6 +21,13 @@ METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usa
            "sglang:gen_throughput", "sglang:generation_tokens_total",
            "sglang:max_total_num_tokens")
 HYBRID_METRICS = ("sglang:mamba_usage", "sglang:full_token_usage")
+# What users read on their dashboards (0.5.17 emits them all; so must the simulator).
+USER_FAMILIES = ("sglang:num_retracted_reqs", "sglang:num_paused_reqs",
+                 "sglang:time_to_first_token_seconds", "sglang:e2e_request_latency_seconds",
+                 "sglang:queue_time_seconds", "sglang:cache_hit_rate", "sglang:kv_used_tokens",
+                 "sglang:spec_accept_length", "sglang:utilization",
+                 "sglang:startup_time_seconds", "sglang:prompt_tokens",
+                 "sglang:num_requests")
 
 
 def check_server_info(body: dict[str, Any], hybrid: bool = True) -> None:
@@ -42,11 +49,43 @@ def metric_names(text: str) -> set[str]:
     return names
 
 
+def family_names(text: str) -> set[str]:
+    return {family.name for family in text_string_to_metric_families(text)}
+
+
 def check_metrics(text: str, hybrid: bool = True) -> None:
     names = metric_names(text)
     wanted = METRICS + (HYBRID_METRICS if hybrid else ())
     missing = [m for m in wanted if m not in names]
     assert not missing, f"/metrics lacks {missing}"
+    families = family_names(text)
+    missing = [m for m in USER_FAMILIES if m not in families]
+    assert not missing, f"/metrics lacks the families {missing}"
+    assert not [n for n in names if n.endswith("_created")], "no *_created series"
+
+
+def shape(value: Any) -> Any:
+    """A JSON value's structure: dict keys and value types, lists by their first item."""
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shape(value[0])] if value else []
+    return "number" if isinstance(value, int | float) and not isinstance(value, bool) else (
+        type(value).__name__)
+
+
+def missing_keys(real: Any, other: Any, path: str = "") -> list[str]:
+    """The keys of `real` (recursively) that `other` lacks; None matches any type."""
+    if isinstance(real, dict) and isinstance(other, dict):
+        out = [f"{path}.{k}" for k in real if k not in other]
+        for k in real.keys() & other.keys():
+            out += missing_keys(real[k], other[k], f"{path}.{k}")
+        return out
+    if isinstance(real, list) and isinstance(other, list) and real and other:
+        return missing_keys(real[0], other[0], path + "[]")
+    if "NoneType" in (real, other) or real == other:
+        return []
+    return [f"{path} ({real} vs {other})"]
 
 
 def check_generate(body: dict[str, Any], max_new_tokens: int, tokenized: bool,

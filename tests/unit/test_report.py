@@ -36,6 +36,16 @@ def test_first_sample_gives_no_rate_and_a_restarted_counter_starts_over() -> Non
     assert token_rates([sample(1, "a", 100), sample(2, "a", 300)], 20.0)["a"] == [(2, 10.0)]
 
 
+def test_a_trailing_window_smooths_a_counter_that_moves_in_waves() -> None:
+    """Real SGLang counts a request's tokens when it ends: 0, 0, +600, 0, 0, +600 …"""
+    counts = [0, 0, 600, 600, 600, 1200, 1200, 1200, 1800]
+    samples = [sample(t, "a", c) for t, c in enumerate(counts)]
+    per_step = [r for _, r in token_rates(samples, 1.0)["a"]]
+    assert per_step == [0.0, 600.0, 0.0, 0.0, 600.0, 0.0, 0.0, 600.0]
+    windowed = [r for _, r in token_rates(samples, 1.0, window_s=6.0)["a"]]
+    assert windowed[-3:] == [200.0, 200.0, 200.0]
+
+
 def test_restarts_are_found_from_epochs() -> None:
     samples = [sample(1, "a", 1), sample(5, "a", 2, epoch=2), sample(6, "a", 3, epoch=2)]
     assert restart_times(samples) == [(5, 2)]

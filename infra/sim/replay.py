@@ -1,0 +1,67 @@
+"""Run a fixed workload through the simulator's scheduler in modeled time, with no HTTP.
+
+What the simulated server would do for `requests` requests of fixed prompt and output length,
+sent by a client that keeps `in_flight` outstanding (the pipeline keeps the cap plus its
+queue target). Used to hold the simulator to real end-to-end runs (tests/unit/
+test_real_sglang_e2e.py) and to sweep configurations without waiting on wall clocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from infra.sglang.flags import ServerFlags
+from infra.sglang.memory import plan_memory
+from infra.sglang.profiles import GpuProfile, ModelProfile
+from infra.sglang.roofline import build_roofline
+from infra.sglang.versions import SGLangVersion
+from infra.sim.engine import SimEngine
+
+# Fast enough that a replay of thousands of requests takes a fraction of a second.
+REPLAY_TIME_SCALE = 1e7
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    cap: int
+    tok_s: float  # output tokens per modeled second, first request sent to last finished
+    busy_tok_s: float  # from the first completion to the last send: a full queue throughout
+    seconds: float
+
+
+async def _replay(engine: SimEngine, requests: int, in_flight: int, prompt_tokens: int,
+                  output_tokens: int) -> tuple[float, float, float]:
+    loop = asyncio.create_task(engine.run())
+    sem = asyncio.Semaphore(in_flight)
+    marks: dict[int, tuple[float, int]] = {}  # send index → (modeled clock, tokens done)
+
+    async def one(i: int) -> None:
+        async with sem:
+            marks[i] = (engine._modeled_clock, engine.stats.generation_tokens_total)
+            await engine.submit(prompt_tokens, output_tokens)
+
+    try:
+        await asyncio.gather(*(one(i) for i in range(requests)))
+    finally:
+        loop.cancel()
+    (t0, n0), (t1, n1) = marks[min(in_flight, requests - 1)], marks[requests - 1]
+    return engine._modeled_clock, t1 - t0, n1 - n0
+
+
+def replay(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags, version: SGLangVersion,
+           requests: int, prompt_tokens: int, output_tokens: int,
+           queue_target: int = 4) -> ReplayResult:
+    """The simulator's figures for this workload under these flags."""
+    plan = plan_memory(model, gpu, flags, version)
+    roofline = build_roofline(model, gpu, flags, plan)
+    prefix_state = version.locks_prefix_state and not flags.disable_radix_cache
+    engine = SimEngine(plan, roofline, REPLAY_TIME_SCALE, lambda _line: None,
+                       prefix_state=prefix_state, max_chunk_steps=1)
+    total_s, busy_s, busy_tokens = asyncio.run(_replay(
+        engine, requests, plan.max_running_requests + queue_target, prompt_tokens,
+        output_tokens))
+    tokens = requests * output_tokens
+    return ReplayResult(cap=plan.max_running_requests, tok_s=tokens / total_s,
+                        busy_tok_s=busy_tokens / busy_s if busy_s > 0 else 0.0,
+                        seconds=total_s)

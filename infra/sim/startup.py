@@ -1,0 +1,73 @@
+"""The simulated server's start: SGLang-format log lines, the modeled start-up time, and
+the way SGLang dies when a start fails (reference §6.3 for the timings)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import datetime
+
+from infra.sglang.memory import MemoryPlan
+from infra.sim.config import SimConfig
+
+READY_LINE = "The server is fired up and ready to roll!"
+
+
+def log(message: str) -> None:
+    """One SGLang-format log line on stdout (the launcher sends it to the log file)."""
+    stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    sys.stdout.write(f"[{stamp}] {message}\n")
+    sys.stdout.flush()
+
+
+def fail_start(message: str, kind: str = "ValueError") -> None:
+    log("Scheduler hit an exception: Traceback (most recent call last):")
+    sys.stdout.write(f"{kind}: {message}\n")
+    log("Received sigquit from a child process. It usually means the child failed.")
+    sys.stdout.flush()
+    os._exit(1)
+
+
+# Modeled startup (reference §6.3): imports, weight loading from local NVMe, graph capture.
+IMPORT_S = 20.0
+WEIGHT_LOAD_GIB_S = 2.0
+GRAPH_CAPTURE_S = 30.0
+
+
+def modeled_startup_s(weights_gib: float) -> float:
+    """GPU-time seconds a warm-cache SGLang start takes for this much weight."""
+    return IMPORT_S + weights_gib / WEIGHT_LOAD_GIB_S + GRAPH_CAPTURE_S
+
+
+def startup_lines(cfg: SimConfig, plan: MemoryPlan, free_before: float) -> list[str]:
+    lines = [f"Load weight begin. avail mem={free_before:.2f} GB"]
+    free_after = free_before - plan.weights_gib
+    lines.append(
+        f"Load weight end. elapsed={plan.weights_gib / WEIGHT_LOAD_GIB_S:.2f} s, "
+        f"type=Sim{plan.model.split('/')[-1]}, "
+        f"avail mem={free_after:.2f} GB, mem usage={plan.weights_gib:.2f} GB.")
+    lines += list(plan.warnings)
+    if plan.mamba_cap is not None:
+        mamba = (f"Mamba Cache is allocated. max_mamba_cache_size: {plan.mamba_slots}, "
+                 f"conv_state size: {plan.conv_state_gib:.2f}GB, "
+                 f"ssm_state size: {plan.ssm_state_gib:.2f}GB ")
+        if plan.draft_tokens:
+            mamba += (f"intermediate_ssm_state_cache size: {plan.intermediate_gib:.2f}GB "
+                      f"intermediate_conv_window_cache size: {plan.intermediate_conv_gib:.2f}GB")
+        lines.append(mamba)
+    half = plan.kv_cache_gib / 2
+    lines.append(f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: "
+                 f"{plan.max_total_num_tokens}, K size: {half:.2f} GB, V size: {half:.2f} GB")
+    pools = plan.kv_cache_gib + plan.conv_state_gib + plan.ssm_state_gib + plan.intermediate_gib
+    avail = free_after - pools
+    lines.append(f"Memory pool end. avail mem={avail:.2f} GB")
+    lines.append(f"Capture target decode CUDA graph begin. This can take up to several minutes. "
+                 f"avail mem={avail:.2f} GB")
+    lines.append(f"Capture target decode CUDA graph end. elapsed={GRAPH_CAPTURE_S:.2f} s, "
+                 f"mem usage=0.50 GB, avail mem={avail - 0.5:.2f} GB.")
+    lines.append(
+        f"max_total_num_tokens={plan.max_total_num_tokens}, chunked_prefill_size="
+        f"{plan.chunked_prefill_size}, max_prefill_tokens=16384, max_running_requests="
+        f"{plan.max_running_requests}, context_len={plan.context_len}, "
+        f"available_gpu_mem={avail:.2f} GB")
+    return lines
