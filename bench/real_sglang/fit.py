@@ -19,6 +19,7 @@ prints a table for docs/SIMULATOR.md. Usage: `python bench/real_sglang/fit.py [D
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import sys
@@ -78,7 +79,7 @@ def prefill_tokens_per_s(log: Path) -> float:
     is the previous prefill's run. Only for a run without the overlap scheduler: with it,
     lines are stamped when a batch is scheduled, not when the GPU ran it."""
     recs = [r for r in parse_log(log.read_text()) if r["kind"] in ("prefill", "decode")]
-    rates = [r["input_throughput"] for prev, r in zip(recs, recs[1:], strict=False)
+    rates = [r["input_throughput"] for prev, r in itertools.pairwise(recs)
              if r["kind"] == prev["kind"] == "prefill" and (r["new_token"] or 0) >= 4096]
     return statistics.median(rates)
 

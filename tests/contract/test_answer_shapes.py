@@ -42,9 +42,9 @@ CALLS: dict[str, tuple[str, str, dict[str, Any] | None]] = {
 
 @pytest.fixture(scope="module")
 def sim_url(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from tests.conftest import sim_settings
     from tasks.health import wait_until_healthy
     from tasks.servers import build_launch_specs, launch_fleet, registry_for, stop_fleet
+    from tests.conftest import sim_settings
 
     tmp = tmp_path_factory.mktemp("shapes")
     settings = sim_settings(tmp, 1, model=str(MODEL_27B), weights_gib=50.16,
