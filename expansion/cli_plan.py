@@ -1,0 +1,285 @@
+"""`expansion plan`, `inspect`, `diagnose`: what SGLang will allocate, what a file or a live
+server says."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from expansion.cli_common import fail, app, console, err
+
+
+@app.command()
+def plan(
+    model: Annotated[str, typer.Option(help="Built-in profile (e.g. Qwen/Qwen3.6-27B, "
+                                       "qwen3-next-80b-a3b, qwen3-32b) or a HF config.json.")]
+    = "Qwen/Qwen3.6-27B",
+    gpu: Annotated[str, typer.Option(help="b200, rtx-pro-6000, h200, h100.")] = "rtx-pro-6000",
+    sglang_version: Annotated[str, typer.Option("--sglang-version",
+                                                help="SGLang release (or 'main').")] = "0.5.23",
+    mem_fraction_static: Annotated[float | None, typer.Option("--mem-fraction-static")] = None,
+    max_running_requests: Annotated[int | None, typer.Option("--max-running-requests")] = None,
+    max_total_tokens: Annotated[int | None, typer.Option("--max-total-tokens")] = None,
+    mamba_strategy: Annotated[str, typer.Option(
+        "--mamba-radix-cache-strategy", "--mamba-scheduler-strategy",
+        help="auto|no_buffer|extra_buffer|extra_buffer_lazy.")] = "auto",
+    max_mamba_cache_size: Annotated[int | None, typer.Option("--max-mamba-cache-size")] = None,
+    mamba_full_memory_ratio: Annotated[float | None, typer.Option(
+        "--mamba-full-memory-ratio")] = None,
+    mamba_ssm_dtype: Annotated[str | None, typer.Option("--mamba-ssm-dtype")] = None,
+    disable_overlap_schedule: Annotated[bool, typer.Option("--disable-overlap-schedule")]
+    = False,
+    disable_radix_cache: Annotated[bool, typer.Option("--disable-radix-cache")] = False,
+    speculative_algorithm: Annotated[str | None, typer.Option("--speculative-algorithm")]
+    = None,
+    speculative_num_steps: Annotated[int | None, typer.Option("--speculative-num-steps")]
+    = None,
+    speculative_eagle_topk: Annotated[int | None, typer.Option("--speculative-eagle-topk")]
+    = None,
+    speculative_num_draft_tokens: Annotated[int | None, typer.Option(
+        "--speculative-num-draft-tokens")] = None,
+    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype")] = "auto",
+    tp_size: Annotated[int, typer.Option("--tp-size")] = 1,
+    context_length: Annotated[int | None, typer.Option("--context-length")] = None,
+    page_size: Annotated[int | None, typer.Option("--page-size")] = None,
+    weights_gib: Annotated[float | None, typer.Option(
+        "--weights-gib", help="Weights per GPU at TP1 (for a config.json without index).")]
+    = None,
+    avg_context: Annotated[float, typer.Option(
+        help="Average tokens in context per running request, for tok/s.")] = 2048.0,
+    job: Annotated[int | None, typer.Option(
+        "--job", help="Estimate wall time and GPU-hours for this many prompts.")] = None,
+    avg_output_tokens: Annotated[float, typer.Option(
+        help="Average completion length, for --job.")] = 1024.0,
+    num_gpus: Annotated[int, typer.Option("--num-gpus", help="GPUs (servers), for --job.")]
+    = 8,
+    tok_s_per_gpu: Annotated[float | None, typer.Option(
+        help="Measured tok/s per GPU, for --job (default: the model's prediction).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Predict SGLang's pools and caps for a model × GPU × flags, and the alternatives."""
+    from pydantic import ValidationError
+
+    from infra.sglang.flags import ServerFlags
+    from infra.sglang.planner import alternatives
+    from infra.sglang.profiles import gpu_profile, model_profile
+    from infra.sglang.versions import parse_version
+
+    try:
+        flags = ServerFlags.model_validate({
+            "mem_fraction_static": mem_fraction_static,
+            "max_running_requests": max_running_requests, "max_total_tokens": max_total_tokens,
+            "mamba_strategy": mamba_strategy, "max_mamba_cache_size": max_mamba_cache_size,
+            "mamba_full_memory_ratio": mamba_full_memory_ratio,
+            "mamba_ssm_dtype": mamba_ssm_dtype,
+            "disable_overlap_schedule": disable_overlap_schedule,
+            "disable_radix_cache": disable_radix_cache,
+            "speculative_algorithm": speculative_algorithm,
+            "speculative_num_steps": speculative_num_steps,
+            "speculative_eagle_topk": speculative_eagle_topk,
+            "speculative_num_draft_tokens": speculative_num_draft_tokens,
+            "kv_cache_dtype": kv_cache_dtype, "tp_size": tp_size,
+            "context_length": context_length, "page_size": page_size})
+        prof = model_profile(model, weights_gib)
+        card = gpu_profile(gpu)
+        version = parse_version(sglang_version)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        fail(f"--{str(first['loc'][0]).replace('_', '-') if first['loc'] else 'flags'}: "
+              f"{first['msg'].removeprefix('Value error, ')} (got {first.get('input')!r})")
+        return
+    except ValueError as exc:
+        fail(str(exc))
+        return
+    rows = alternatives(prof, card, flags, version, avg_context)
+    current = rows[0]
+    estimate = None
+    if job is not None:
+        rate = tok_s_per_gpu or current.tok_s_per_gpu
+        if not rate:
+            fail("--job: no throughput to estimate from; pass --tok-s-per-gpu")
+            return
+        estimate = job_estimate(job, avg_output_tokens, num_gpus, rate)
+    if as_json:
+        payload: dict[str, Any] = {"model": prof.name, "gpu": card.name,
+                                   "version": version.label}
+        if current.plan is None:
+            payload["error"] = current.error
+        else:
+            payload.update(current.plan.to_dict())
+            payload["tok_s_per_gpu"] = round(current.tok_s_per_gpu or 0.0, 1)
+        if estimate is not None:
+            payload["job"] = estimate
+        payload["alternatives"] = [
+            {"label": r.label, "error": r.error,
+             "mamba_slots": r.plan.mamba_slots if r.plan else None,
+             "max_running_requests": r.plan.max_running_requests if r.plan else None,
+             "max_total_num_tokens": r.plan.max_total_num_tokens if r.plan else None,
+             "binding_limit": r.plan.binding_limit if r.plan else None,
+             "tok_s_per_gpu": round(r.tok_s_per_gpu, 1) if r.tok_s_per_gpu else None}
+            for r in rows[1:]]
+        print(json.dumps(payload))
+        if current.plan is None:
+            raise typer.Exit(1)
+        return
+    if current.plan is None:
+        fail(f"SGLang would refuse to start: {current.error}", code=1)
+        return
+    _print_plan(current.plan)
+    table = Table(show_edge=False, title="alternatives (one lever each)")
+    for col in ("change", "strategy", "mamba slots", "max_running_requests", "KV tokens",
+                "binds", "tok/s/GPU"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        if r.plan is None:
+            table.add_row(r.label, "-", "-", "-", "-", "refused", (r.error or "")[:60])
+            continue
+        table.add_row(r.label, r.plan.mamba_strategy, str(r.plan.mamba_slots or "-"),
+                      str(r.plan.max_running_requests), str(r.plan.max_total_num_tokens),
+                      r.plan.binding_limit, f"{r.tok_s_per_gpu:,.0f}")
+    console.print(table)
+    if estimate is not None:
+        console.print(
+            f"job: {job:,} prompts × {avg_output_tokens:,.0f} tokens on {num_gpus} GPUs at "
+            f"{estimate['tok_s_per_gpu']:,.0f} tok/s per GPU → {estimate['wall_hours']:,.1f} h "
+            f"wall, {estimate['gpu_hours']:,.0f} GPU-hours")
+
+
+def _print_plan(p: Any) -> None:
+    console.print(f"[bold]{p.model}[/] on {p.gpu}, SGLang {p.version}: mem_fraction_static "
+                  f"{p.mem_fraction_static}, {p.weights_gib} GiB weights, "
+                  f"{p.rest_gib} GiB for pools")
+    if p.mamba_slots:
+        console.print(
+            f"mamba: {p.mamba_slots} slots × {p.per_slot_mib} MiB ({p.mamba_strategy}, "
+            f"{p.slot_ratio} slots per running request) — conv {p.conv_state_gib} GiB, "
+            f"ssm {p.ssm_state_gib} GiB, intermediate {p.intermediate_gib} GiB")
+    console.print(f"KV: {p.kv_cache_gib} GiB = {p.max_total_num_tokens} tokens")
+    cap = f"mamba {p.mamba_cap}, " if p.mamba_cap is not None else ""
+    console.print(f"max_running_requests = {p.max_running_requests} (caps: requested "
+                  f"{p.requested_running_requests}, {cap}KV {p.token_cap}) → binds: "
+                  f"[bold]{p.binding_limit}[/]")
+    for w in p.warnings:
+        console.print(f"[yellow]SGLang would log:[/] {w}")
+
+
+def job_estimate(prompts: int, avg_output_tokens: float, gpus: int,
+                 tok_s_per_gpu: float) -> dict[str, float]:
+    """Wall time and GPU-hours of a job at a steady per-GPU throughput (no restarts)."""
+    tokens = prompts * avg_output_tokens
+    wall_h = tokens / (gpus * tok_s_per_gpu) / 3600
+    return {"prompts": prompts, "output_tokens": tokens, "gpus": gpus,
+            "tok_s_per_gpu": round(tok_s_per_gpu, 1), "wall_hours": round(wall_h, 2),
+            "gpu_hours": round(wall_h * gpus, 1)}
+
+
+def _pct_or_na(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}"
+
+
+@app.command()
+def inspect(
+    path: Annotated[Path, typer.Argument(help="A server log, a /server_info JSON body or a "
+                                         "/metrics dump.")],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per record.")]
+    = False,
+) -> None:
+    """Detect what a file holds (log, server_info, metrics), parse it, summarize it."""
+    from infra.sglang.observe import parse_any
+
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        fail(f"{path}: cannot read: {exc.strerror}")
+        return
+    kind, records = parse_any(text)
+    if as_json:
+        for record in records:
+            print(json.dumps(record))
+        return
+    counts: dict[str, int] = {}
+    for record in records:
+        counts[record["kind"]] = counts.get(record["kind"], 0) + 1
+    console.print(f"{path}: {kind}, {len(records)} records "
+                  f"({', '.join(f'{v} {k}' for k, v in sorted(counts.items())) or 'none'})")
+    caps = [r for r in records if r["kind"] in ("startup", "server_info")]
+    merged: dict[str, Any] = {}
+    for r in caps:
+        merged.update({k: v for k, v in r.items() if v is not None and k != "kind"})
+    keys = ("max_total_num_tokens", "max_running_requests", "max_mamba_cache_size",
+            "context_len", "version")
+    if any(k in merged for k in keys):
+        console.print("capacity: " + ", ".join(f"{k}={merged[k]}" for k in keys if k in merged))
+    last = next((r for r in reversed(records) if r["kind"] in ("decode", "metrics")), None)
+    if last is not None:
+        shown = {k: v for k, v in last.items() if v is not None and k not in ("kind",)}
+        console.print(f"last {last['kind']}: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
+
+
+@app.command()
+def diagnose(
+    urls: Annotated[list[str] | None, typer.Argument(help="Live server URLs.")] = None,
+    log: Annotated[Path | None, typer.Option("--log", help="A server log instead.")] = None,
+    seconds: Annotated[float, typer.Option(help="How long to sample live servers.")] = 10.0,
+    api_key: Annotated[str | None, typer.Option(envvar="EXPANSION_API_KEY",
+                                                help="The servers' --api-key.")] = None,
+) -> None:
+    """Why is it slow? mamba-, KV-, client- or compute-bound, unhealthy or asymmetric."""
+    from infra.sglang.client import ServerAnswerError, get_server_info
+    from infra.sglang.observe import parse_log
+    from infra.sglang.server_info import parse_server_info
+    from tasks.monitor import Sample, sample_server
+    from tasks.tuning.diagnosis import PoolView, pools_from_caps, samples_from_log, window_stats
+    from tasks.tuning.diagnosis import diagnose as run_diagnosis
+
+    caps: dict[str, int] = {}
+    pools: PoolView | None = None
+    samples: list[Sample] = []
+    since = 0.0
+    if log is not None:
+        try:
+            records = parse_log(log.read_text(errors="replace"))
+        except OSError as exc:
+            fail(f"{log}: cannot read: {exc.strerror}")
+            return
+        samples = samples_from_log(records, log.name)
+        startup: dict[str, Any] = {}
+        for r in records:
+            if r["kind"] == "startup":
+                startup.update({k: v for k, v in r.items() if v is not None})
+        if startup.get("max_running_requests"):
+            caps[log.name] = int(startup["max_running_requests"])
+        pools = pools_from_caps(startup.get("max_running_requests"),
+                                startup.get("max_mamba_cache_size"), None)
+        since = samples[-1].t - max(seconds, 60.0) if samples else 0.0
+    elif urls:
+        names = {f"server-{i}": u.rstrip("/") for i, u in enumerate(urls)}
+        for name, url in names.items():
+            try:
+                info = parse_server_info(get_server_info(url, api_key))
+            except (ServerAnswerError, OSError) as exc:
+                err.print(f"{url}: {exc}")
+                continue
+            if info.max_running_requests:
+                caps[name] = info.max_running_requests
+            pools = pools or pools_from_caps(info.max_running_requests,
+                                             info.max_mamba_cache_size, info.mamba_strategy)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            samples += [sample_server(n, u, api_key, time.monotonic() - t0, 1)
+                        for n, u in names.items()]
+            time.sleep(1.0)
+    else:
+        fail("give server URLs or --log FILE")
+        return
+    result = run_diagnosis(window_stats(samples, since, 1.0), caps, pools)
+    console.print(f"[bold]{result.kind}[/]: {result.evidence}")
+    for w in result.servers:
+        console.print(f"  {w.server}: {w.tok_s:,.0f} tok/s, running {w.running:.1f}, "
+                      f"queue {w.queued:.1f}, KV {_pct_or_na(w.kv_usage)}, "
+                      f"mamba {_pct_or_na(w.mamba_usage)}")

@@ -1,0 +1,251 @@
+"""`expansion run`, `status`, `export`, `settings`: a job from the command line."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from expansion.cli_common import fail, parse_gpus, parse_sets, app, console, err
+from infra.prefect_env import configure_local_prefect
+
+
+@app.command()
+def run(
+    prompts: Annotated[Path | None, typer.Option(help="JSONL/Parquet with id + prompt "
+                                                 "(or messages). Default: bundled sample.")] = None,
+    output: Annotated[str | None, typer.Option(help="Output folder (resumes if it exists).")]
+    = None,
+    engine: Annotated[str | None, typer.Option(help="sim (simulated fleet) or sglang.")] = None,
+    gpus: Annotated[str | None, typer.Option(help="GPU indices, one server each: 0,1,...")]
+    = None,
+    model: Annotated[str | None, typer.Option(help="Model path or HF id.")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML settings file.")] = None,
+    mem_fraction_static: Annotated[float | None, typer.Option(
+        "--mem-fraction-static", help="SGLang --mem-fraction-static.")] = None,
+    max_running_requests: Annotated[int | None, typer.Option(
+        "--max-running-requests", help="SGLang --max-running-requests.")] = None,
+    mamba_strategy: Annotated[str | None, typer.Option(
+        "--mamba-radix-cache-strategy", "--mamba-scheduler-strategy", "--mamba-strategy",
+        help="SGLang's --mamba-radix-cache-strategy (old name --mamba-scheduler-strategy): "
+        "auto|no_buffer|extra_buffer|extra_buffer_lazy.")] = None,
+    max_mamba_cache_size: Annotated[int | None, typer.Option(
+        "--max-mamba-cache-size", help="SGLang --max-mamba-cache-size.")] = None,
+    mamba_full_memory_ratio: Annotated[float | None, typer.Option(
+        "--mamba-full-memory-ratio", help="SGLang --mamba-full-memory-ratio.")] = None,
+    concurrency: Annotated[int | None, typer.Option(
+        help="Client in-flight requests per server (default: server cap + queue_target).")]
+    = None,
+    shard_size: Annotated[int | None, typer.Option(help="Prompts per output shard.")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Default max_new_tokens.")] = None,
+    upload_to: Annotated[str | None, typer.Option(help="Copy committed shards here.")] = None,
+    time_scale: Annotated[float | None, typer.Option(
+        help="engine=sim: modeled GPU seconds per wall second.")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Any setting as KEY=VALUE (dotted, e.g. client.max_attempts=3); "
+        "see `expansion settings`.")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Print each server's launch command and start nothing.")] = False,
+) -> None:
+    """Run the `generate` flow now (ad hoc), on a simulated or real SGLang fleet."""
+    overrides = parse_sets(set_ or [])
+    shortcuts = {
+        "server.mem_fraction_static": mem_fraction_static,
+        "server.max_running_requests": max_running_requests,
+        "server.mamba_strategy": mamba_strategy,
+        "server.max_mamba_cache_size": max_mamba_cache_size,
+        "server.mamba_full_memory_ratio": mamba_full_memory_ratio,
+        "client.concurrency_per_server": concurrency,
+        "shard_size": shard_size,
+        "sampling.max_new_tokens": max_new_tokens,
+        "upload_to": upload_to,
+        "sim.time_scale": time_scale,
+        "prompts": str(prompts) if prompts else None, "output": output, "engine": engine,
+        "gpus": parse_gpus(gpus), "model": model,
+    }
+    # A named option wins over `--set` of the same field (both are on the command line).
+    overrides.update({k: v for k, v in shortcuts.items() if v is not None})
+    config_file = str(config) if config else None
+    from infra.settings import NULL, SettingsError, load_settings
+
+    try:
+        settings = load_settings(config_file, **overrides)
+    except SettingsError as exc:
+        fail(str(exc))
+        return
+    if dry_run:
+        _print_launch_commands(settings)
+        return
+    from flows.generate import preflight
+
+    try:
+        warnings = preflight(settings)  # fast, before Prefect starts and before any output
+    except ValueError as exc:
+        fail(str(exc))
+        return
+    for warning in warnings:
+        err.print(f"[bold yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+    configure_local_prefect()
+    from prefect import tags
+
+    from flows.generate import generate
+    from infra.ledger import PlanMismatch
+    from infra.prefect_runs import crash_vanished_runs, process_tag
+    from infra.prompts import InputError
+    from tasks.health import ServerStartFailed
+    from tasks.servers import LaunchError
+
+    for name in crash_vanished_runs():
+        err.print(f"note: flow run {name!r} was Running but its process is gone; marked "
+                  "Crashed", highlight=False, soft_wrap=True)
+    try:
+        with _manifest_progress(settings.local_output()), tags(process_tag()):
+            # The flow's own parameters show in the Prefect UI; the rest are overrides.
+            top = {k: overrides.pop(k) for k in ("prompts", "output", "engine", "gpus", "model")
+                   if k in overrides}
+            # A flow parameter is JSON: an explicit null travels as None (job_settings).
+            params = {k: (None if v is NULL else v) for k, v in overrides.items()}
+            summary = generate(**top, config_file=config_file, overrides=params)
+    except (InputError, PlanMismatch, LaunchError, ServerStartFailed, ValueError) as exc:
+        fail(str(exc), code=1)
+        return
+    _print_summary(summary)
+
+
+@contextlib.contextmanager
+def _manifest_progress(output: Path) -> Iterator[None]:
+    """A rich progress bar fed by the manifest (the same truth `expansion status` reads)."""
+    import threading
+
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from infra.ledger import Ledger
+
+    done = threading.Event()
+    ledger = Ledger(output)
+
+    def watch(progress: Progress) -> None:
+        task_id = None
+        t0, tokens0 = time.monotonic(), None
+        while not done.wait(0.5):
+            try:
+                plan = ledger.load_plan()
+                committed = ledger.committed()
+            except (FileNotFoundError, ValueError, TypeError):
+                continue
+            tokens = sum(e.output_tokens for e in committed.values())
+            tokens0 = tokens if tokens0 is None else tokens0
+            rate = (tokens - tokens0) / max(time.monotonic() - t0, 1e-9)
+            if task_id is None:
+                task_id = progress.add_task("shards", total=plan.num_shards)
+            progress.update(task_id, completed=len(committed),
+                            description=f"shards · {rate:,.0f} tok/s")
+
+    if not sys.stderr.isatty():
+        yield
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=err,
+                  transient=True) as progress:
+        thread = threading.Thread(target=watch, args=(progress,), daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join(timeout=2)
+
+
+def _print_launch_commands(settings: Any) -> None:
+    from tasks.servers import LaunchError, build_launch_specs
+
+    try:
+        specs = build_launch_specs(settings, settings.local_output())
+    except (ValueError, LaunchError) as exc:
+        fail(str(exc))
+        return
+    from infra.processes import ephemeral_port_warning
+
+    warning = ephemeral_port_warning([s.port for s in specs])
+    if warning:
+        err.print(f"[bold yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+    for spec in specs:
+        print(spec.shell_line())
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    table = Table(show_edge=False)
+    for col in ("server", "max_running_requests", "max_total_num_tokens", "mamba slots"):
+        table.add_column(col, overflow="fold")
+    for srv in summary["servers"]:
+        table.add_row(srv["url"].removeprefix("http://"), str(srv["max_running_requests"]),
+                      str(srv["max_total_num_tokens"]), str(srv["max_mamba_cache_size"]))
+    from flows.summary import format_summary
+
+    console.print(format_summary(summary), highlight=False, soft_wrap=True)
+    if summary["servers"]:
+        console.print(table)
+
+
+@app.command()
+def settings() -> None:
+    """List every setting with its default; set them via TOML, EXPANSION_* env or --set."""
+    from infra.settings import settings_fields
+
+    table = Table(show_edge=False)
+    table.add_column("setting")
+    table.add_column("env var")
+    table.add_column("default")
+    table.add_column("meaning")
+    for name, default, doc in settings_fields():
+        env = "EXPANSION_" + name.upper().replace(".", "__")
+        table.add_row(name, env, default, doc)
+    console.print(table)
+
+
+@app.command()
+def status(output: Annotated[Path, typer.Argument(help="An output folder.")]) -> None:
+    """Progress of a job from its manifest (no server needed)."""
+    from infra.ledger import Ledger
+
+    ledger = Ledger(output)
+    try:
+        plan = ledger.load_plan()
+    except FileNotFoundError as exc:
+        fail(str(exc))
+        return
+    committed = ledger.committed()
+    rows = sum(e.rows for e in committed.values())
+    errors = sum(e.errors for e in committed.values())
+    tokens = sum(e.output_tokens for e in committed.values())
+    console.print(f"plan {plan.fingerprint}: {len(committed)}/{plan.num_shards} shards "
+                  f"committed; {rows} completions, {errors} errors, of {plan.input_rows} "
+                  f"prompts; {tokens} output tokens")
+
+
+@app.command()
+def export(
+    output: Annotated[Path, typer.Argument(help="An output folder.")],
+    to: Annotated[Path, typer.Option("--to", help="File to write (JSONL).")],
+    model: Annotated[str, typer.Option(help="Model name to put in each response.")] = "model",
+) -> None:
+    """Export completions as OpenAI batch output JSONL, keyed by custom_id (= input id)."""
+    from infra.export import export_openai_batch
+
+    if not (output / "plan.json").is_file():
+        fail(f"{output} has no plan.json: not an expansion output folder")
+    count = export_openai_batch(output, to, model)
+    console.print(f"wrote {count} lines to {to}")
