@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from expansion.cli_common import fail, app, console, err
+from expansion.cli_common import app, console, err, fail
 
 
 @app.command()

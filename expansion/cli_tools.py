@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from expansion.cli_common import fail, parse_gpus, parse_sets, app, console, err
+from expansion.cli_common import app, console, err, fail, parse_gpus, parse_sets
 from infra.prefect_env import configure_local_prefect
 
 
