@@ -118,3 +118,34 @@ def required_gain(remaining_s: float, restart_cost_s: float, floor: float,
     return max(floor, 1.0 / (1.0 - share))
 
 
+
+
+@dataclass(frozen=True)
+class RestartCost:
+    """What a restart of the fleet costs, in seconds of fleet time, and the work it spares."""
+
+    startup_s: float  # this epoch's measured start (the next one is assumed alike)
+    drain_s: float  # in-flight requests of completable shards may finish
+    stop_s: float  # SGLang exits within seconds of SIGTERM; the grace is only a ceiling
+    redo_s: float  # a running request is on average half done when the fleet stops
+
+    @property
+    def total_s(self) -> float:
+        return self.startup_s + self.drain_s + self.stop_s + self.redo_s
+
+
+def restart_cost(startup_s: float, drain_timeout_s: float, stop_grace_s: float,
+                 tokens_per_prompt: float, max_cap: int, server_tok_s: float) -> RestartCost:
+    return RestartCost(startup_s, drain_timeout_s, min(stop_grace_s, 5.0),
+                       tokens_per_prompt / 2 * max_cap / server_tok_s)
+
+
+def gain_to_pay_for_restart(prompts_left: int, tokens_per_prompt: float, server_tok_s: float,
+                            servers: int, cost: RestartCost, floor: float,
+                            payback: float) -> float:
+    """The least predicted speed-up worth a restart now: the work left at the current speed
+    of `servers` servers against the restart's cost (required_gain)."""
+    if server_tok_s <= 0:
+        return floor
+    remaining_s = prompts_left * tokens_per_prompt / (server_tok_s * servers)
+    return required_gain(remaining_s, cost.total_s, floor, payback)

@@ -158,6 +158,25 @@ def test_a_restart_must_pay_back_on_the_work_left() -> None:
     assert required_gain(0, 1, floor=1.05, payback=3) == math.inf
 
 
+def test_restart_cost_and_the_gain_it_asks_for_as_on_the_h200() -> None:
+    """The numbers of the real restart (docs/REAL_SGLANG.md): 2,100 prompts × 200 tokens
+    left at 1,172 tok/s on one server, an 88.7 s start, cap 23."""
+    from tasks.tuning.policy import gain_to_pay_for_restart, required_gain, restart_cost
+
+    cost = restart_cost(88.7, drain_timeout_s=3.0, stop_grace_s=30.0, tokens_per_prompt=200,
+                        max_cap=23, server_tok_s=1172.0)
+    assert cost.stop_s == 5.0  # SGLang exits in seconds: the grace is only a ceiling
+    assert cost.redo_s == 100 * 23 / 1172.0  # half of every running request, redone
+    assert cost.total_s == 88.7 + 3.0 + 5.0 + cost.redo_s
+    needed = gain_to_pay_for_restart(2100, 200, 1172.0, 1, cost, floor=1.05, payback=1.0)
+    assert needed == required_gain(2100 * 200 / 1172.0, cost.total_s, 1.05, 1.0)
+    assert 1.3 < needed < 1.4  # the 1.90× move passed; a 1.2× one would not have
+    # Twice the servers finish the work in half the time: the same restart must gain more.
+    assert gain_to_pay_for_restart(2100, 200, 1172.0, 2, cost, 1.05, 1.0) > needed
+    # With no measured speed there is nothing to weigh: the floor.
+    assert gain_to_pay_for_restart(2100, 200, 0.0, 1, cost, 1.05, 1.0) == 1.05
+
+
 def test_watch_asks_for_the_gain_the_work_left_justifies() -> None:
     from tasks.monitor import FleetMonitor
     from tasks.tuning.diagnosis import Diagnosis

@@ -1,0 +1,166 @@
+"""One epoch of the `generate` flow: one fleet configuration from launch to stop.
+
+launch → wait healthy → measure capacity → generate shards under the regression watch →
+stop (always). What it returns is all the decision after it needs: whether the fleet failed
+to start, what the watch saw, and the hardware the policy reasons about.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flows.job import Hardware, Progress, RunTotals, capacity_artifact, hardware_of
+from infra.settings import JobSettings
+from infra.sglang.memory import MemoryPlan
+from infra.storage import Destination
+from tasks.capacity import Capacity, capacity_note, measure_capacity
+from tasks.health import ServerStartFailed, wait_healthy
+from tasks.monitor import FleetMonitor
+from tasks.servers import ServerHandle, launch_servers, stop_servers
+from tasks.shards import JobState, generate_shards
+from tasks.tuning.ledger import TuningLedger, config_key
+from tasks.tuning.policy import gain_to_pay_for_restart, propose, restart_cost
+from tasks.tuning.watch import RegressionWatch, WatchResult
+from tasks.upload import ShardUploader
+
+
+@dataclass
+class JobContext:
+    """What every epoch of one flow run shares."""
+
+    out: Path
+    dest: Destination | None
+    monitor: FleetMonitor
+    totals: RunTotals
+    logger: Any
+    node_manifest: str | None  # a node of a multi-node job publishes its own manifest
+    ledger: TuningLedger
+    progress: Progress
+
+
+@dataclass
+class TunerState:
+    """Carried from epoch to epoch by the outer loop."""
+
+    mem_ceiling: float
+    restarts: int = 0
+
+
+@dataclass(frozen=True)
+class EpochOutcome:
+    start_failure: ServerStartFailed | None  # after epoch 1 (epoch 1 raises it)
+    result: WatchResult | None
+    hw: Hardware
+
+    @property
+    def failure(self) -> str | None:
+        return str(self.start_failure) if self.start_failure is not None else None
+
+
+def run_epoch(settings: JobSettings, state: JobState, ctx: JobContext, tuner: TunerState,
+              epoch: int) -> EpochOutcome:
+    """Run one configuration until the work is done or the watch asks for a restart."""
+    uploader = ShardUploader(ctx.dest, ctx.out, ctx.node_manifest) if ctx.dest else None
+    ctx.progress.uploader = uploader
+    handles: list[ServerHandle] = []
+    hw = hardware_of(settings, None)
+    try:
+        handles = launch_servers(settings, str(ctx.out), epoch)
+        try:
+            took = wait_healthy(handles, settings.api_key, settings.startup_timeout_s)
+        except ServerStartFailed as exc:
+            if epoch == 1:
+                raise  # nothing known to work: the user's config must be fixed
+            return EpochOutcome(exc, None, hw)
+        ctx.logger.info("epoch %d: %d servers healthy after %.1f s", epoch, len(handles), took)
+        if ctx.totals.cycles:
+            ctx.totals.cycles[-1].next_fleet_up(took)
+        result, hw = _serve(settings, state, ctx, tuner, epoch, handles, took)
+        return EpochOutcome(None, result, hw)
+    finally:
+        _stop(settings, ctx, handles, uploader)
+
+
+def _serve(settings: JobSettings, state: JobState, ctx: JobContext, tuner: TunerState,
+           epoch: int, handles: list[ServerHandle], startup_s: float,
+           ) -> tuple[WatchResult, Hardware]:
+    caps = measure_capacity(handles, settings.api_key)
+    ctx.totals.capacities = caps
+    ctx.totals.caps_by_epoch[epoch] = {f"server-{c.index}": c.max_running_requests
+                                       for c in caps}
+    capacity_artifact(settings, caps)
+    hw = hardware_of(settings, caps[0].version)
+    plan = hw.plan(settings)
+    note = capacity_note(plan, caps)
+    if note:
+        ctx.logger.info(note)
+    ctx.monitor.watch({f"server-{c.index}": c.url for c in caps}, epoch)
+    watch = _watch(settings, hw, plan, caps, ctx, tuner, state, startup_s)
+    watch.start()
+    try:
+        stats = generate_shards(settings, state, caps, ctx.progress, watch.stop)
+    finally:
+        result = watch.close()
+    if not result.triggered and result.last_check:
+        ctx.logger.info("epoch %d kept its config; last check: %s", epoch, result.last_check)
+    ctx.totals.answers += stats.completed + stats.errors
+    return result, hw
+
+
+def _stop(settings: JobSettings, ctx: JobContext, handles: list[ServerHandle],
+          uploader: ShardUploader | None) -> None:
+    if handles:
+        report = stop_servers(handles, str(ctx.out), settings.stop_grace_s, settings.api_key,
+                              settings.engine == "sglang")
+        ctx.logger.info("stopped %d servers (SIGKILLed: %s, ports still busy: %s)",
+                        report.stopped, report.killed or "none", report.ports_busy or "none")
+        if report.gpus_busy:
+            ctx.logger.warning("GPU memory still in use after stop (MiB by GPU): %s; the next "
+                               "launch may get smaller pools", report.gpus_busy)
+    if uploader is not None and uploader.close():
+        ctx.logger.warning("%d shard uploads failed; the final upload retries them",
+                           uploader.failures)
+
+
+def _watch(settings: JobSettings, hw: Hardware, plan: MemoryPlan | None, caps: list[Capacity],
+           ctx: JobContext, tuner: TunerState, state: JobState,
+           startup_s: float) -> RegressionWatch:
+    tuning = settings.tuning
+    concurrency = settings.client.concurrency_per_server
+    tried = ctx.ledger.tried() | {config_key(settings.server, concurrency)}
+    # The memory model plans whole GPUs: with several servers per GPU its predictions
+    # would be for memory no server has.
+    enabled = (tuning.enabled and tuner.restarts < tuning.max_restarts
+               and len(state.pending) > 2 * len(caps) and hw.model is not None
+               and settings.servers_per_gpu == 1)
+
+    def can_propose(diag: Any, min_gain: float) -> Any:
+        if hw.model is None or hw.gpu is None or hw.version is None:
+            return None
+        return propose(diag, settings.server, concurrency, hw.model, hw.gpu, hw.version, tried,
+                       tuner.mem_ceiling, tuning.avg_context, min_gain, tuning.allow_lossy)
+
+    # Work left when this epoch started, in prompts; what is done since comes off it.
+    totals = ctx.totals
+    left_at_start, done_at_start = len(state.pending) * settings.shard_size, totals.done
+
+    def gain_needed(diag: Any) -> float:
+        per_prompt = (totals.tokens / totals.done if totals.done
+                      else 0.75 * settings.sampling.max_new_tokens)
+        server_tok_s = diag.tok_s_per_gpu * hw.time_scale  # wall-clock tok/s of one server
+        if server_tok_s <= 0:
+            return tuning.min_predicted_gain
+        cost = restart_cost(startup_s, tuning.drain_timeout_s, settings.stop_grace_s,
+                            per_prompt, max(c.max_running_requests for c in caps),
+                            server_tok_s)
+        left = max(0, left_at_start - (totals.done - done_at_start))
+        return gain_to_pay_for_restart(left, per_prompt, server_tok_s, len(caps), cost,
+                                       tuning.min_predicted_gain, tuning.restart_payback)
+
+    best = ctx.ledger.best()
+    return RegressionWatch(
+        ctx.monitor, {f"server-{c.index}": c.max_running_requests for c in caps}, plan,
+        hw.time_scale, tuning.window_s, tuning.target_tok_s_per_gpu,
+        best.tok_s_per_gpu if best else None, can_propose, enabled, gain_needed)

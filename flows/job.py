@@ -1,0 +1,160 @@
+"""What one run of the `generate` flow carries across its epochs: totals counted from commits,
+the restart cycles, the hardware the policy reasons about, and the commit callback that
+feeds the progress artifact, the log and the background upload.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from uuid import UUID
+
+from prefect.artifacts import (
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+
+from infra.ledger import ManifestEntry
+from infra.settings import JobSettings
+from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
+from infra.sglang.profiles import GpuProfile, ModelProfile, gpu_profile, model_profile
+from infra.sglang.versions import SGLangVersion, parse_version
+from tasks.capacity import Capacity
+from tasks.shards import JobState
+from tasks.upload import ShardUploader
+
+
+@dataclass
+class Cycle:
+    """One restart: why, from what to what, and (once the next epoch is up) how long."""
+
+    epoch: int
+    measured_tok_s_per_gpu: float | None
+    diagnosis: str
+    reason: str
+    old: str
+    new_flags: dict[str, Any]
+    new_concurrency: int | None
+    triggered_at: float | None = None  # time.monotonic() of the trigger; not reported
+    cycle_seconds: float | None = None  # trigger → the next fleet healthy
+    startup_seconds: float | None = None  # the next fleet's start alone
+
+    def record(self) -> dict[str, Any]:
+        """As the summary, the report and the tuning-ledger artifact show it."""
+        out = asdict(self)
+        out.pop("triggered_at")
+        return {k: v for k, v in out.items()
+                if v is not None or k not in ("cycle_seconds", "startup_seconds")}
+
+    def next_fleet_up(self, startup_s: float) -> None:
+        if self.triggered_at is not None:
+            self.cycle_seconds = round(time.monotonic() - self.triggered_at, 2)
+            self.startup_seconds = round(startup_s, 2)
+            self.triggered_at = None
+
+
+@dataclass
+class RunTotals:
+    """Counted from commits (what the ledger holds), not from answers: a shard cut short by
+    a restart is redone, and its first answers are not counted twice."""
+
+    tokens: int = 0
+    done: int = 0
+    errors: int = 0
+    answers: int = 0  # every answer received, including those of shards redone after a drain
+    capacities: list[Capacity] = field(default_factory=list)
+    caps_by_epoch: dict[int, dict[str, int]] = field(default_factory=dict)  # for the report
+    cycles: list[Cycle] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the policy needs to reason about a configuration; None parts disable tuning."""
+
+    model: ModelProfile | None
+    gpu: GpuProfile | None
+    version: SGLangVersion | None
+    time_scale: float
+
+    def plan(self, settings: JobSettings) -> MemoryPlan | None:
+        """The memory model's view of the current flags (None without profiles)."""
+        if self.model is None or self.gpu is None or self.version is None:
+            return None
+        try:
+            return plan_memory(self.model, self.gpu, settings.server, self.version)
+        except PoolsDoNotFit:
+            return None
+
+
+def hardware_of(settings: JobSettings, server_version: str | None) -> Hardware:
+    gpu_name = settings.sim.gpu if settings.engine == "sim" else settings.gpu_type
+    version_text = settings.sglang_version or server_version
+    try:
+        model = model_profile(settings.model, settings.weights_gib)
+        gpu = gpu_profile(gpu_name)
+        version = parse_version(version_text) if version_text else None
+    except ValueError:
+        model = gpu = version = None  # type: ignore[assignment]
+    scale = settings.sim.time_scale if settings.engine == "sim" else 1.0
+    return Hardware(model, gpu, version, scale)
+
+
+def capacity_artifact(settings: JobSettings, caps: list[Capacity]) -> None:
+    create_table_artifact(
+        key="fleet-capacity", description="servers: config and measured capacity",
+        table=[capacity_row(settings, c) for c in caps])
+
+
+def capacity_row(settings: JobSettings, cap: Capacity) -> dict[str, Any]:
+    """One server's row: the flags as requested (prefixed), then what the server measured —
+    a requested max_running_requests (256) must never stand in the measured column (85)."""
+    requested = settings.server.model_dump(exclude={"extra_args"}, exclude_none=True)
+    return {"server": cap.url, "config": cap.config, "sglang": cap.version,
+            **{f"requested_{k}": v for k, v in requested.items()},
+            "max_running_requests": cap.max_running_requests,
+            "max_total_num_tokens": cap.max_total_num_tokens,
+            "max_mamba_cache_size": cap.max_mamba_cache_size}
+
+
+class Progress:
+    """Commit callback: progress artifact (coarse updates), log line, background upload."""
+
+    def __init__(self, state: JobState, logger: Any, uploader: ShardUploader | None,
+                 totals: RunTotals) -> None:
+        self.totals = totals
+        self.total = state.plan.num_shards
+        self.start_done = self.done = self.total - len(state.pending)
+        self.tokens = 0
+        self.t0 = time.monotonic()
+        self.last_update = 0.0
+        self.logger = logger
+        self.uploader = uploader
+        artifact = create_progress_artifact(
+            progress=100.0 * self.done / self.total, key="generate-progress",
+            description=f"{self.done}/{self.total} shards committed")
+        assert isinstance(artifact, UUID)  # sync context: not a coroutine
+        self.artifact_id = artifact
+
+    def __call__(self, entry: ManifestEntry) -> None:
+        if self.uploader is not None:
+            self.uploader.submit(entry)
+        self.done += 1
+        self.tokens += entry.output_tokens
+        self.totals.tokens += entry.output_tokens
+        self.totals.done += entry.rows
+        self.totals.errors += entry.errors
+        elapsed = time.monotonic() - self.t0
+        tok_s = self.tokens / elapsed if elapsed > 0 else 0.0
+        this_run = self.done - self.start_done
+        eta = elapsed / this_run * (self.total - self.done) if this_run else 0.0
+        now = time.monotonic()
+        if now - self.last_update > 2.0 or self.done == self.total:  # keep API calls coarse
+            self.last_update = now
+            update_progress_artifact(
+                self.artifact_id, progress=100.0 * self.done / self.total,
+                description=f"{self.done}/{self.total} shards, {tok_s:,.0f} tok/s (wall), "
+                f"ETA {eta / 60:.1f} min")
+        self.logger.info("shard %d committed (%d rows, %d errors) — %d/%d shards, %.0f tok/s",
+                         entry.shard, entry.rows, entry.errors, self.done, self.total, tok_s)
