@@ -98,8 +98,8 @@ def run(
     from infra.ledger import PlanMismatch
     from infra.prefect_runs import crash_vanished_runs, process_tag
     from infra.prompts import InputError
+    from tasks.engines import LaunchError
     from tasks.health import ServerStartFailed
-    from tasks.servers import LaunchError
 
     for name in crash_vanished_runs():
         err.print(f"note: flow run {name!r} was Running but its process is gone; marked "
@@ -170,7 +170,8 @@ def _manifest_progress(output: Path) -> Iterator[None]:
 
 
 def _print_launch_commands(settings: Any) -> None:
-    from tasks.servers import LaunchError, build_launch_specs
+    from tasks.engines import LaunchError
+    from tasks.servers import build_launch_specs
 
     try:
         specs = build_launch_specs(settings, settings.local_output())

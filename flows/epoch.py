@@ -16,6 +16,7 @@ from infra.settings import JobSettings
 from infra.sglang.memory import MemoryPlan
 from infra.storage import Destination
 from tasks.capacity import Capacity, capacity_note, measure_capacity
+from tasks.engines import engine_for
 from tasks.health import ServerStartFailed, wait_healthy
 from tasks.monitor import FleetMonitor
 from tasks.servers import ServerHandle, launch_servers, stop_servers
@@ -113,7 +114,7 @@ def _stop(settings: JobSettings, ctx: JobContext, handles: list[ServerHandle],
           uploader: ShardUploader | None) -> None:
     if handles:
         report = stop_servers(handles, str(ctx.out), settings.stop_grace_s, settings.api_key,
-                              settings.engine == "sglang")
+                              engine_for(settings).checks_gpu_memory_after_stop)
         ctx.logger.info("stopped %d servers (SIGKILLed: %s, ports still busy: %s)",
                         report.stopped, report.killed or "none", report.ports_busy or "none")
         if report.gpus_busy:

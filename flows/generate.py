@@ -29,9 +29,9 @@ from infra.processes import ephemeral_port_warning
 from infra.prompts import validate_input
 from infra.settings import NULL, JobSettings, load_settings
 from infra.sglang.planner import MAX_MEM_FRACTION
-from infra.sglang.profiles import gpu_profile, model_profile
 from infra.storage import Destination, open_destination
 from tasks.capacity import capacity_note
+from tasks.engines import engine_for
 from tasks.health import ServerStartFailed
 from tasks.monitor import FleetMonitor
 from tasks.servers import (
@@ -76,9 +76,7 @@ def preflight(settings: JobSettings, check_input: bool = True) -> list[str]:
     if check_input:  # the flow skips it: plan_shards validates before any server starts
         validate_input(settings.prompts)
     specs = build_launch_specs(settings, settings.local_output())
-    if settings.engine == "sim":
-        model_profile(settings.model, settings.weights_gib)
-        gpu_profile(settings.sim.gpu)
+    engine_for(settings).check_before_start(settings)
     warnings = [w for w in [ephemeral_port_warning([s.port for s in specs])] if w]
     if settings.servers_per_gpu > 1 and settings.tuning.enabled:
         warnings.append(f"servers_per_gpu={settings.servers_per_gpu}: restart-on-regression "

@@ -22,6 +22,7 @@ from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
 from infra.sglang.profiles import GpuProfile, ModelProfile, gpu_profile, model_profile
 from infra.sglang.versions import SGLangVersion, parse_version
 from tasks.capacity import Capacity
+from tasks.engines import engine_for
 from tasks.shards import JobState
 from tasks.upload import ShardUploader
 
@@ -89,7 +90,8 @@ class Hardware:
 
 
 def hardware_of(settings: JobSettings, server_version: str | None) -> Hardware:
-    gpu_name = settings.sim.gpu if settings.engine == "sim" else settings.gpu_type
+    engine = engine_for(settings)
+    gpu_name = engine.gpu_name(settings)
     version_text = settings.sglang_version or server_version
     try:
         model = model_profile(settings.model, settings.weights_gib)
@@ -97,8 +99,7 @@ def hardware_of(settings: JobSettings, server_version: str | None) -> Hardware:
         version = parse_version(version_text) if version_text else None
     except ValueError:
         model = gpu = version = None  # type: ignore[assignment]
-    scale = settings.sim.time_scale if settings.engine == "sim" else 1.0
-    return Hardware(model, gpu, version, scale)
+    return Hardware(model, gpu, version, engine.time_scale(settings))
 
 
 def capacity_artifact(settings: JobSettings, caps: list[Capacity]) -> None:

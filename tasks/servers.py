@@ -1,14 +1,13 @@
 """Launch and stop the fleet: one server per GPU, distinct ports, a log file each.
 
-Same code for `engine=sim` and `engine=sglang`; only the executable differs. Servers left by a
-dead earlier run of this job (found in the output's registry) are stopped first — a process
-is only ever signalled if its pid *and* start time match what we recorded.
+Same code for `engine=sim` and `engine=sglang`; what differs is in tasks/engines.py. Servers
+left by a dead earlier run of this job (found in the output's registry) are stopped first —
+a process is only ever signalled if its pid *and* start time match what we recorded.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -27,15 +26,11 @@ from infra.processes import (
     wait_ports_free,
 )
 from infra.settings import JobSettings
-from infra.sglang.launch import REDACTED, LaunchSpec, executable, server_args
-from infra.sglang.memory import DEFAULT_VERSION
+from infra.sglang.launch import REDACTED, LaunchSpec, server_args
 from infra.sglang.profiles import model_profile
 from infra.sglang.secret_config import discard, hide_secrets, secret_file_of
-from infra.sglang.versions import SGLangVersion, installed_version, parse_version
-
-
-class LaunchError(RuntimeError):
-    """A server could not be started; the message says why and what to do."""
+from infra.sglang.versions import SGLangVersion
+from tasks.engines import LaunchError, engine_for
 
 
 @dataclass(frozen=True)
@@ -55,24 +50,16 @@ def registry_for(output: Path) -> ProcessRegistry:
 
 
 def resolve_version(settings: JobSettings) -> SGLangVersion:
-    """Configured version, else the installed SGLang (engine=sglang), else the sim's."""
-    if settings.sglang_version:
-        return parse_version(settings.sglang_version)
-    if settings.engine == "sim":
-        return parse_version(settings.sim.sglang_version or DEFAULT_VERSION)
-    found = installed_version()
-    if found is None:
-        raise LaunchError(
-            "sglang_version: SGLang is not installed here; install 'expansion[sglang]' or set "
-            "sglang_version (and python) to the SGLang that runs on the GPU nodes")
-    return found
+    """The SGLang release the launch flags follow (configured, installed, or the sim's)."""
+    return engine_for(settings).version(settings)
 
 
 def build_launch_specs(settings: JobSettings, output: Path, epoch: int = 1) -> list[LaunchSpec]:
     """One LaunchSpec per GPU: argv, env (CUDA_VISIBLE_DEVICES, sim knobs), port, log file.
 
     Each fleet configuration (epoch) of a job logs to its own files."""
-    version = resolve_version(settings)
+    engine = engine_for(settings)
+    version = engine.version(settings)
     hybrid = True  # a model without a profile: SGLang decides; we only lose planning
     with contextlib.suppress(ValueError):
         hybrid = model_profile(settings.model, settings.weights_gib).hybrid
@@ -81,41 +68,16 @@ def build_launch_specs(settings: JobSettings, output: Path, epoch: int = 1) -> l
     placement = [(gpu, k) for gpu in settings.gpus for k in range(settings.servers_per_gpu)]
     for index, (gpu, _) in enumerate(placement):
         port = settings.base_port + index
-        argv = executable(settings.engine, settings.python) + server_args(
+        argv = engine.program(settings) + server_args(
             settings.server, version, model=settings.model, host=settings.host, port=port,
             api_key=api_key, hybrid=hybrid)
-        env = {"CUDA_VISIBLE_DEVICES": str(gpu)}
-        if settings.engine == "sim":
-            env.update(_sim_env(settings, version))
+        env = {"CUDA_VISIBLE_DEVICES": str(gpu), **engine.env(settings, version)}
         specs.append(LaunchSpec(
             index=index, gpu=gpu, host=settings.host, port=port, argv=tuple(argv), env=env,
             log_path=output / "servers" / (f"server-{index}-gpu{gpu}.log" if epoch == 1
                                             else f"server-{index}-gpu{gpu}.epoch{epoch}.log"),
             secrets=(api_key,) if api_key else ()))
     return specs
-
-
-def _sim_env(settings: JobSettings, version: SGLangVersion) -> dict[str, str]:
-    import json
-
-    sim = settings.sim
-    # The checkout first (the simulator's code), then whatever the caller's PYTHONPATH holds:
-    # its dependencies may live there (a device with packages unpacked beside Python).
-    path = os.pathsep.join(p for p in (str(Path(__file__).resolve().parent.parent),
-                                       os.environ.get("PYTHONPATH")) if p)
-    env = {
-        "EXPANSION_SIM_GPU": sim.gpu,
-        "EXPANSION_SIM_TIME_SCALE": str(sim.time_scale),
-        "EXPANSION_SIM_SGLANG_VERSION": version.label,
-        "PYTHONPATH": path,
-    }
-    if settings.weights_gib is not None:
-        env["EXPANSION_SIM_WEIGHTS_GIB"] = str(settings.weights_gib)
-    if sim.startup_s is not None:
-        env["EXPANSION_SIM_STARTUP_S"] = str(sim.startup_s)
-    if sim.faults:
-        env["EXPANSION_SIM_FAULTS"] = json.dumps(sim.faults)
-    return env
 
 
 def stop_stale(registry: ProcessRegistry, grace_s: float) -> list[ProcessRecord]:

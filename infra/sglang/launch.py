@@ -7,7 +7,6 @@ the very same SGLang flags, so both share one launch, health and kill path.
 from __future__ import annotations
 
 import shlex
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,14 +116,6 @@ def server_args(flags: ServerFlags, version: SGLangVersion, *, model: str, host:
         args.append("--enable-metrics")
     args += list(flags.extra_args)
     return args
-
-
-def executable(engine: Engine, python: str | None = None) -> list[str]:
-    """The program part of the argv for an engine."""
-    py = python or sys.executable
-    if engine == "sglang":
-        return [py, "-m", "sglang.launch_server"]
-    return [py, "-m", "infra.sim"]
 
 
 def every_flag_name(flags: ServerFlags, version: SGLangVersion) -> list[str]:

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from infra.sglang.flags import ServerFlags
-from infra.sglang.launch import LaunchSpec, UnsupportedFlags, executable, server_args
+from infra.sglang.launch import LaunchSpec, UnsupportedFlags, server_args
 from infra.sglang.versions import parse_version
 
 V0523 = parse_version("0.5.23")
@@ -62,17 +62,31 @@ def test_lazy_with_speculative_is_rejected() -> None:
 def test_argv_is_a_list_and_the_api_key_is_redacted_in_the_shell_line() -> None:
     a = args(ServerFlags(), api_key="s3cret")
     spec = LaunchSpec(index=0, gpu=0, host="127.0.0.1", port=30000,
-                      argv=tuple(executable("sglang", "python") + a), secrets=("s3cret",))
+                      argv=("python", "-m", "sglang.launch_server", *a), secrets=("s3cret",))
     assert "s3cret" in spec.argv
     assert "s3cret" not in spec.shell_line()
     assert spec.shell_line().startswith("python -m sglang.launch_server --model-path")
 
 
-def test_sim_and_sglang_share_the_flags() -> None:
+def test_sim_and_sglang_share_the_flags_and_differ_in_their_adapters() -> None:
+    from infra.settings import load_settings
+    from tasks.engines import RealSGLang, SimulatedSGLang, engine_for
+
     a = args(ServerFlags(mem_fraction_static=0.8))
-    assert executable("sim", "py")[:3] == ["py", "-m", "infra.sim"]
-    assert executable("sglang", "py")[:3] == ["py", "-m", "sglang.launch_server"]
     assert "--mem-fraction-static" in a
+    sim = load_settings(None, engine="sim", python="py", sglang_version="0.5.17",
+                        **{"sim.gpu": "h200", "sim.time_scale": 7.0})
+    real = sim.model_copy(update={"engine": "sglang"})
+    assert isinstance(engine_for(sim), SimulatedSGLang)
+    assert isinstance(engine_for(real), RealSGLang)
+    assert engine_for(sim).program(sim) == ["py", "-m", "infra.sim"]
+    assert engine_for(real).program(real) == ["py", "-m", "sglang.launch_server"]
+    assert (engine_for(sim).time_scale(sim), engine_for(real).time_scale(real)) == (7.0, 1.0)
+    assert engine_for(sim).gpu_name(sim) == "h200"
+    assert engine_for(real).gpu_name(real) == real.gpu_type  # what the user says it is
+    assert engine_for(sim).env(sim, engine_for(sim).version(sim))["EXPANSION_SIM_GPU"] == "h200"
+    assert engine_for(real).env(real, engine_for(real).version(real)) == {}
+    assert engine_for(real).checks_gpu_memory_after_stop
 
 
 def test_unknown_version_string_is_a_clear_error() -> None:

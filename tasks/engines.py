@@ -1,0 +1,114 @@
+"""The two engines a fleet runs on, as adapters: real SGLang and the simulated server.
+
+Everything that differs between them lives here — which program to start, its environment,
+which SGLang version its flags must follow, which GPU profile and clock the tuner reasons in,
+what to check before a start and after a stop — so the rest of the pipeline never branches
+on `settings.engine`. A third engine (another SGLang build, a remote launcher) is one more
+class and one more entry in ENGINES.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from infra.settings import JobSettings
+from infra.sglang.memory import DEFAULT_VERSION
+from infra.sglang.profiles import gpu_profile, model_profile
+from infra.sglang.versions import SGLangVersion, installed_version, parse_version
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+class LaunchError(RuntimeError):
+    """A server could not be started; the message says why and what to do."""
+
+
+class Engine(ABC):
+    name = ""
+    module = ""  # what `python -m` starts
+    checks_gpu_memory_after_stop = False  # nvidia-smi must show the memory freed
+
+    def program(self, settings: JobSettings) -> list[str]:
+        """The argv before SGLang's flags: the GPU nodes' Python (`python`), else ours."""
+        return [settings.python or sys.executable, "-m", self.module]
+
+    @abstractmethod
+    def version(self, settings: JobSettings) -> SGLangVersion:
+        """The SGLang release whose flags and memory accounting apply."""
+
+    def env(self, settings: JobSettings, version: SGLangVersion) -> dict[str, str]:
+        """Environment beyond CUDA_VISIBLE_DEVICES."""
+        return {}
+
+    def gpu_name(self, settings: JobSettings) -> str:
+        """The GPU profile the memory model and the roofline use."""
+        return settings.gpu_type
+
+    def time_scale(self, settings: JobSettings) -> float:
+        """Modeled GPU seconds per wall second (1 on a real GPU)."""
+        return 1.0
+
+    def check_before_start(self, settings: JobSettings) -> None:  # noqa: B027 (optional)
+        """Raise ValueError naming the field when this engine cannot run these settings."""
+
+
+class RealSGLang(Engine):
+    name = "sglang"
+    module = "sglang.launch_server"
+    checks_gpu_memory_after_stop = True
+
+    def version(self, settings: JobSettings) -> SGLangVersion:
+        if settings.sglang_version:
+            return parse_version(settings.sglang_version)
+        found = installed_version()
+        if found is None:
+            raise LaunchError(
+                "sglang_version: SGLang is not installed here; install 'expansion[sglang]' or "
+                "set sglang_version (and python) to the SGLang that runs on the GPU nodes")
+        return found
+
+
+class SimulatedSGLang(Engine):
+    name = "sim"
+    module = "infra.sim"  # takes SGLang's own flags
+
+    def version(self, settings: JobSettings) -> SGLangVersion:
+        return parse_version(settings.sglang_version or settings.sim.sglang_version
+                             or DEFAULT_VERSION)
+
+    def env(self, settings: JobSettings, version: SGLangVersion) -> dict[str, str]:
+        sim = settings.sim
+        # The checkout first (the simulator's code), then whatever the caller's PYTHONPATH
+        # holds: its dependencies may live there (a device with packages beside Python).
+        path = os.pathsep.join(p for p in (str(CHECKOUT), os.environ.get("PYTHONPATH")) if p)
+        env = {"EXPANSION_SIM_GPU": sim.gpu, "EXPANSION_SIM_TIME_SCALE": str(sim.time_scale),
+               "EXPANSION_SIM_SGLANG_VERSION": version.label, "PYTHONPATH": path}
+        if settings.weights_gib is not None:
+            env["EXPANSION_SIM_WEIGHTS_GIB"] = str(settings.weights_gib)
+        if sim.startup_s is not None:
+            env["EXPANSION_SIM_STARTUP_S"] = str(sim.startup_s)
+        if sim.faults:
+            env["EXPANSION_SIM_FAULTS"] = json.dumps(sim.faults)
+        return env
+
+    def gpu_name(self, settings: JobSettings) -> str:
+        return settings.sim.gpu
+
+    def time_scale(self, settings: JobSettings) -> float:
+        return settings.sim.time_scale
+
+    def check_before_start(self, settings: JobSettings) -> None:
+        # The simulator needs profiles to size its pools; real SGLang reads the model itself.
+        model_profile(settings.model, settings.weights_gib)
+        gpu_profile(settings.sim.gpu)
+
+
+ENGINES: dict[str, Engine] = {e.name: e for e in (RealSGLang(), SimulatedSGLang())}
+
+
+def engine_for(settings: JobSettings) -> Engine:
+    return ENGINES[settings.engine]
