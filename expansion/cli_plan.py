@@ -14,39 +14,15 @@ from rich.table import Table
 from expansion.cli_common import app, console, err, fail
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def plan(
+    ctx: typer.Context,
     model: Annotated[str, typer.Option(help="Built-in profile (e.g. Qwen/Qwen3.6-27B, "
                                        "qwen3-next-80b-a3b, qwen3-32b) or a HF config.json.")]
     = "Qwen/Qwen3.6-27B",
     gpu: Annotated[str, typer.Option(help="b200, rtx-pro-6000, h200, h100.")] = "rtx-pro-6000",
     sglang_version: Annotated[str, typer.Option("--sglang-version",
                                                 help="SGLang release (or 'main').")] = "0.5.23",
-    mem_fraction_static: Annotated[float | None, typer.Option("--mem-fraction-static")] = None,
-    max_running_requests: Annotated[int | None, typer.Option("--max-running-requests")] = None,
-    max_total_tokens: Annotated[int | None, typer.Option("--max-total-tokens")] = None,
-    mamba_strategy: Annotated[str, typer.Option(
-        "--mamba-radix-cache-strategy", "--mamba-scheduler-strategy",
-        help="auto|no_buffer|extra_buffer|extra_buffer_lazy.")] = "auto",
-    max_mamba_cache_size: Annotated[int | None, typer.Option("--max-mamba-cache-size")] = None,
-    mamba_full_memory_ratio: Annotated[float | None, typer.Option(
-        "--mamba-full-memory-ratio")] = None,
-    mamba_ssm_dtype: Annotated[str | None, typer.Option("--mamba-ssm-dtype")] = None,
-    disable_overlap_schedule: Annotated[bool, typer.Option("--disable-overlap-schedule")]
-    = False,
-    disable_radix_cache: Annotated[bool, typer.Option("--disable-radix-cache")] = False,
-    speculative_algorithm: Annotated[str | None, typer.Option("--speculative-algorithm")]
-    = None,
-    speculative_num_steps: Annotated[int | None, typer.Option("--speculative-num-steps")]
-    = None,
-    speculative_eagle_topk: Annotated[int | None, typer.Option("--speculative-eagle-topk")]
-    = None,
-    speculative_num_draft_tokens: Annotated[int | None, typer.Option(
-        "--speculative-num-draft-tokens")] = None,
-    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype")] = "auto",
-    tp_size: Annotated[int, typer.Option("--tp-size")] = 1,
-    context_length: Annotated[int | None, typer.Option("--context-length")] = None,
-    page_size: Annotated[int | None, typer.Option("--page-size")] = None,
     weights_gib: Annotated[float | None, typer.Option(
         "--weights-gib", help="Weights per GPU at TP1 (for a config.json without index).")]
     = None,
@@ -62,29 +38,20 @@ def plan(
         help="Measured tok/s per GPU, for --job (default: the model's prediction).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Predict SGLang's pools and caps for a model × GPU × flags, and the alternatives."""
+    """Predict SGLang's pools and caps for a model × GPU × flags, and the alternatives.
+
+    Server flags are SGLang's own, as on its command line (--mem-fraction-static 0.9
+    --mamba-radix-cache-strategy no_buffer ...): every one the memory model knows (server.*
+    in `expansion settings`), parsed from the same definition the launcher uses."""
     from pydantic import ValidationError
 
-    from infra.sglang.flags import ServerFlags
+    from infra.sglang.flag_parser import parse_server_flags
     from infra.sglang.planner import alternatives
     from infra.sglang.profiles import gpu_profile, model_profile
     from infra.sglang.versions import parse_version
 
     try:
-        flags = ServerFlags.model_validate({
-            "mem_fraction_static": mem_fraction_static,
-            "max_running_requests": max_running_requests, "max_total_tokens": max_total_tokens,
-            "mamba_strategy": mamba_strategy, "max_mamba_cache_size": max_mamba_cache_size,
-            "mamba_full_memory_ratio": mamba_full_memory_ratio,
-            "mamba_ssm_dtype": mamba_ssm_dtype,
-            "disable_overlap_schedule": disable_overlap_schedule,
-            "disable_radix_cache": disable_radix_cache,
-            "speculative_algorithm": speculative_algorithm,
-            "speculative_num_steps": speculative_num_steps,
-            "speculative_eagle_topk": speculative_eagle_topk,
-            "speculative_num_draft_tokens": speculative_num_draft_tokens,
-            "kv_cache_dtype": kv_cache_dtype, "tp_size": tp_size,
-            "context_length": context_length, "page_size": page_size})
+        flags = parse_server_flags(list(ctx.args))
         prof = model_profile(model, weights_gib)
         card = gpu_profile(gpu)
         version = parse_version(sglang_version)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from infra.sglang.flag_parser import add_server_flags, flags_from
 from infra.sglang.flags import ServerFlags
 
 
@@ -56,27 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--api-key")
-    p.add_argument("--mem-fraction-static", type=float)
-    p.add_argument("--max-running-requests", type=int)
-    p.add_argument("--max-total-tokens", type=int)
-    p.add_argument("--mamba-radix-cache-strategy", "--mamba-scheduler-strategy",
-                   dest="mamba_strategy", default="auto",
-                   choices=["auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"])
-    p.add_argument("--max-mamba-cache-size", type=int)
-    p.add_argument("--mamba-full-memory-ratio", type=float)
-    p.add_argument("--mamba-ssm-dtype", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--disable-overlap-schedule", action="store_true")
-    p.add_argument("--disable-radix-cache", action="store_true")
-    p.add_argument("--context-length", type=int)
-    p.add_argument("--page-size", type=int)
-    p.add_argument("--chunked-prefill-size", type=int)
-    p.add_argument("--kv-cache-dtype", default="auto")
-    p.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=1)
-    p.add_argument("--speculative-algorithm")
-    p.add_argument("--speculative-num-steps", type=int)
-    p.add_argument("--speculative-eagle-topk", type=int)
-    p.add_argument("--speculative-num-draft-tokens", type=int)
-    p.add_argument("--enable-metrics", action="store_true")
+    add_server_flags(p)  # every ServerFlags field, by SGLang's names
     p.add_argument("--decode-log-interval", type=int, default=40)
     p.add_argument("--skip-tokenizer-init", action="store_true")
     return p
@@ -115,27 +96,7 @@ def parse_sim_args(argv: list[str], env: dict[str, str] | None = None) -> SimCon
     """Parse SGLang argv (unknown flags are ignored, as extras are SGLang's business)."""
     env = dict(os.environ) if env is None else env
     ns, _unknown = _parser().parse_known_args(merge_config_file(argv))
-    flags = ServerFlags(
-        mem_fraction_static=ns.mem_fraction_static,
-        max_running_requests=ns.max_running_requests,
-        max_total_tokens=ns.max_total_tokens,
-        mamba_strategy=ns.mamba_strategy,
-        max_mamba_cache_size=ns.max_mamba_cache_size,
-        mamba_full_memory_ratio=ns.mamba_full_memory_ratio,
-        mamba_ssm_dtype=ns.mamba_ssm_dtype,
-        disable_overlap_schedule=ns.disable_overlap_schedule,
-        disable_radix_cache=ns.disable_radix_cache,
-        context_length=ns.context_length,
-        page_size=ns.page_size,
-        chunked_prefill_size=ns.chunked_prefill_size,
-        kv_cache_dtype=ns.kv_cache_dtype,
-        tp_size=ns.tp_size,
-        speculative_algorithm=ns.speculative_algorithm,
-        speculative_num_steps=ns.speculative_num_steps,
-        speculative_eagle_topk=ns.speculative_eagle_topk,
-        speculative_num_draft_tokens=ns.speculative_num_draft_tokens,
-        enable_metrics=ns.enable_metrics,
-    )
+    flags = flags_from(ns)
     faults_raw = env.get("EXPANSION_SIM_FAULTS")
     faults = Faults(**json.loads(faults_raw)) if faults_raw else Faults()
     accept = env.get("EXPANSION_SIM_ACCEPT_LEN")

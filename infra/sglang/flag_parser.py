@@ -1,0 +1,78 @@
+"""SGLang's own command-line flags, parsed into ServerFlags — generated from its fields.
+
+One definition (infra/sglang/flags.py) instead of a hand-written list per command: the
+simulated server reads its argv with it, and `expansion plan -- <flags>` takes a pasted
+SGLang command line with it. Names follow SGLang (`--mem-fraction-static`), the old and new
+spellings of renamed flags both work (`--mamba-scheduler-strategy`), and a flag that is not
+a ServerFlags field is left to the caller (SGLang's business for the simulator, an error
+for `plan`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from typing import Any, Literal
+
+from infra.sglang.flags import ServerFlags
+
+# Fields whose SGLang name is not the field's name (first: the name launch.py emits).
+ALIASES: dict[str, tuple[str, ...]] = {
+    "mamba_strategy": ("--mamba-radix-cache-strategy", "--mamba-scheduler-strategy"),
+    "tp_size": ("--tp-size", "--tensor-parallel-size"),
+}
+NOT_FLAGS = frozenset({"extra_args"})  # argv items, not one flag
+
+
+def flag_names(field: str) -> tuple[str, ...]:
+    return ALIASES.get(field, ("--" + field.replace("_", "-"),))
+
+
+def _scalar(annotation: Any) -> tuple[type, tuple[str, ...] | None]:
+    """(argparse type, choices) of `X | None`, `Literal[...]` and plain types."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return _scalar(args[0])
+    if typing.get_origin(annotation) is Literal:
+        return str, tuple(str(a) for a in typing.get_args(annotation))
+    return annotation, None
+
+
+def add_server_flags(parser: argparse.ArgumentParser) -> None:
+    """Every ServerFlags field as SGLang's flag (defaults: unset, so ServerFlags decides)."""
+    for name, info in ServerFlags.model_fields.items():
+        if name in NOT_FLAGS:
+            continue
+        kind, choices = _scalar(info.annotation)
+        if kind is bool:
+            parser.add_argument(*flag_names(name), dest=name, action="store_true",
+                                default=None, help=info.description)
+        else:
+            parser.add_argument(*flag_names(name), dest=name, type=kind, choices=choices,
+                                default=None, help=info.description)
+
+
+def flags_from(namespace: argparse.Namespace, **extra: Any) -> ServerFlags:
+    """ServerFlags from parsed flags; fields not given keep ServerFlags' defaults."""
+    given = {name: getattr(namespace, name) for name in ServerFlags.model_fields
+             if name not in NOT_FLAGS and getattr(namespace, name, None) is not None}
+    return ServerFlags(**given, **extra)
+
+
+def parse_server_flags(argv: list[str]) -> ServerFlags:
+    """A pasted SGLang command line → ServerFlags; an unknown flag is a ValueError naming it.
+
+    Launch-only flags (`--model-path`, `--host`, `--port`, ...) are accepted and ignored."""
+    parser = argparse.ArgumentParser(prog="sglang flags", add_help=False, exit_on_error=False)
+    add_server_flags(parser)
+    for name in ("--model-path", "--model", "--host", "--port", "--api-key", "--config"):
+        parser.add_argument(name)
+    try:
+        namespace, unknown = parser.parse_known_args(argv)
+    except argparse.ArgumentError as exc:
+        raise ValueError(f"{exc.argument_name}: {exc.message}") from None
+    if unknown:
+        raise ValueError(f"{unknown[0]}: not a server flag the memory model knows; "
+                         "`expansion settings` lists those it does (server.*, as --flag-name)")
+    return flags_from(namespace)
