@@ -47,6 +47,7 @@ class TunerState:
 
     mem_ceiling: float
     restarts: int = 0
+    predicted_tok_s_per_gpu: float | None = None  # the model's figure for this epoch's config
 
 
 @dataclass(frozen=True)

@@ -154,6 +154,9 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
     state = _pending_state(settings, out, shards)
     logger.info("plan %s: %d prompts in %d shards, %d pending", state.plan.fingerprint,
                 state.plan.input_rows, state.plan.num_shards, len(state.pending))
+    if state.removed_strays:
+        logger.info("removed %d shard files an interrupted run left without a manifest entry "
+                    "(they are regenerated)", state.removed_strays)
     initial = state
     totals = RunTotals()
     started = time.monotonic()
@@ -210,7 +213,8 @@ def _decide(settings: JobSettings, outcome: EpochOutcome, ctx: JobContext, tuner
     decision, tuner.mem_ceiling = restart_on_regression(
         result, outcome.failure, epoch, settings.server,
         settings.client.concurrency_per_server, str(ctx.ledger.path), hw.model, hw.gpu,
-        hw.version, tuner.mem_ceiling, min_gain, tuning.avg_context, tuning.allow_lossy)
+        hw.version, tuner.mem_ceiling, min_gain, tuning.avg_context, tuning.allow_lossy,
+        tuner.predicted_tok_s_per_gpu)
     if outcome.start_failure is not None and decision is None:
         raise ServerStartFailed(f"servers failed to start and no earlier config worked: "
                                 f"{outcome.failure}", outcome.start_failure.handle, "")
@@ -230,6 +234,7 @@ def _restart_with(settings: JobSettings, decision: NextConfig, outcome: EpochOut
                   ctx: JobContext, tuner: TunerState, epoch: int) -> JobSettings:
     """Record the cycle and return the settings of the next epoch."""
     tuner.restarts += 1
+    tuner.predicted_tok_s_per_gpu = decision.predicted_tok_s_per_gpu
     result = outcome.result
     ctx.totals.cycles.append(Cycle(
         epoch=epoch, measured_tok_s_per_gpu=result.measured_tok_s_per_gpu if result else None,
@@ -238,6 +243,7 @@ def _restart_with(settings: JobSettings, decision: NextConfig, outcome: EpochOut
         old=config_key(settings.server, settings.client.concurrency_per_server),
         new_flags=decision.flags.model_dump(exclude_none=True, exclude={"extra_args"}),
         new_concurrency=decision.concurrency,
+        predicted_tok_s_per_gpu=decision.predicted_tok_s_per_gpu,
         triggered_at=result.triggered_at if result else None))
     ctx.logger.warning("restart %d: %s", tuner.restarts, decision.reason)
     create_table_artifact(key="tuning-ledger", description="configs tried",

@@ -38,6 +38,7 @@ class Cycle:
     old: str
     new_flags: dict[str, Any]
     new_concurrency: int | None
+    predicted_tok_s_per_gpu: float | None = None  # for the new config, by the model
     triggered_at: float | None = None  # time.monotonic() of the trigger; not reported
     cycle_seconds: float | None = None  # trigger → the next fleet healthy
     startup_seconds: float | None = None  # the next fleet's start alone

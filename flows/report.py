@@ -201,12 +201,14 @@ def _markdown(summary: dict[str, Any], cycles: list[dict[str, Any]]) -> str:
     lines = ["# expansion run report", "", *(f"- {line}" for line in summary_lines(summary)),
              "", "{image}", ""]
     if cycles:
-        lines += ["## Restarts", "", "| epoch | measured tok/s/GPU | diagnosis | reason |",
-                  "|---|---|---|---|"]
+        lines += ["## Restarts", "", "| epoch | measured tok/s/GPU | diagnosis | predicted for "
+                  "the next config | reason |", "|---|---|---|---|---|"]
         for c in cycles:
-            measured = c.get("measured_tok_s_per_gpu")
-            shown = f"{measured:,.0f}" if measured else "-"
-            lines.append(f"| {c['epoch']} | {shown} | {c['diagnosis']} | {c['reason']} |")
+            measured, predicted = (c.get(k) for k in ("measured_tok_s_per_gpu",
+                                                      "predicted_tok_s_per_gpu"))
+            lines.append(f"| {c['epoch']} | {f'{measured:,.0f}' if measured else '-'} | "
+                         f"{c['diagnosis']} | {f'{predicted:,.0f}' if predicted else '-'} | "
+                         f"{c['reason']} |")
         lines.append("")
     lines += ["## Servers", "", "| server | max_running_requests | max_total_num_tokens | "
               "mamba slots |", "|---|---|---|---|"]

@@ -41,6 +41,7 @@ class NextConfig:
     flags: ServerFlags
     concurrency: int | None
     reason: str
+    predicted_tok_s_per_gpu: float | None = None  # what the model promised for it
 
 
 def decide_next(result: WatchResult | None, failure: str | None, epoch: int,
@@ -48,15 +49,16 @@ def decide_next(result: WatchResult | None, failure: str | None, epoch: int,
                 model: ModelProfile | None, gpu: GpuProfile | None,
                 version: SGLangVersion | None, mem_ceiling: float, min_gain: float,
                 avg_context: float, allow_lossy: bool = False,
-                ) -> tuple[NextConfig | None, float]:
-    """Record what this epoch did and choose the next configuration (None: keep going as is).
+                predicted: float | None = None) -> tuple[NextConfig | None, float]:
+    """Record what this epoch did — with what was predicted for it when it was chosen —
+    and choose the next configuration (None: keep going as is).
 
     Returns (next config or None, the possibly lowered mem_fraction ceiling)."""
     key = config_key(flags, concurrency)
     now = time.time()
     dump = flags.model_dump(mode="json")
     if failure is not None:
-        ledger.record(LedgerEntry(epoch, dump, key, concurrency, "failed", None, None,
+        ledger.record(LedgerEntry(epoch, dump, key, concurrency, "failed", None, predicted,
                                   failure[:500], now))
         failed_m = _resolved_mem_fraction(flags, model, gpu, version)
         if "out of memory" in failure.lower() and failed_m is not None:
@@ -72,16 +74,18 @@ def decide_next(result: WatchResult | None, failure: str | None, epoch: int,
         return NextConfig(ledger.flags_of(best), best.concurrency,
                           f"start failed ({failure.splitlines()[0][:160]}); back to the best "
                           f"config so far ({best.tok_s_per_gpu:,.0f} tok/s per GPU); "
-                          f"mem_fraction_static ceiling now {mem_ceiling}"), mem_ceiling
+                          f"mem_fraction_static ceiling now {mem_ceiling}",
+                          best.tok_s_per_gpu), mem_ceiling
     measured = result.measured_tok_s_per_gpu if result else None
     if result is not None and result.triggered and result.reason.startswith("rollback"):
-        ledger.record(LedgerEntry(epoch, dump, key, concurrency, "rolled_back", measured, None,
-                                  result.reason, now))
+        ledger.record(LedgerEntry(epoch, dump, key, concurrency, "rolled_back", measured,
+                                  predicted, result.reason, now))
         best = ledger.best()
         if best is None:
             return None, mem_ceiling
-        return NextConfig(ledger.flags_of(best), best.concurrency, result.reason), mem_ceiling
-    ledger.record(LedgerEntry(epoch, dump, key, concurrency, "measured", measured, None,
+        return NextConfig(ledger.flags_of(best), best.concurrency, result.reason,
+                          best.tok_s_per_gpu), mem_ceiling
+    ledger.record(LedgerEntry(epoch, dump, key, concurrency, "measured", measured, predicted,
                               result.reason if result else "", now))
     if result is None or not result.triggered or result.diagnosis is None:
         return None, mem_ceiling
@@ -92,7 +96,8 @@ def decide_next(result: WatchResult | None, failure: str | None, epoch: int,
     if proposal is None:
         return None, mem_ceiling
     return NextConfig(proposal.flags, proposal.concurrency,
-                      f"{result.reason} → {proposal.reason}"), mem_ceiling
+                      f"{result.reason} → {proposal.reason}",
+                      proposal.predicted_tok_s_per_gpu), mem_ceiling
 
 
 @task(name="restart_on_regression", cache_policy=NO_CACHE)
@@ -101,6 +106,7 @@ def restart_on_regression(result: WatchResult | None, failure: str | None, epoch
                           model: ModelProfile | None, gpu: GpuProfile | None,
                           version: SGLangVersion | None, mem_ceiling: float, min_gain: float,
                           avg_context: float, allow_lossy: bool = False,
-                          ) -> tuple[NextConfig | None, float]:
+                          predicted: float | None = None) -> tuple[NextConfig | None, float]:
     return decide_next(result, failure, epoch, flags, concurrency, TuningLedger(Path(
-        ledger_path)), model, gpu, version, mem_ceiling, min_gain, avg_context, allow_lossy)
+        ledger_path)), model, gpu, version, mem_ceiling, min_gain, avg_context, allow_lossy,
+        predicted)
