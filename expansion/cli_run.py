@@ -187,17 +187,18 @@ def _print_launch_commands(settings: Any) -> None:
         print(spec.shell_line())
 
 
-def _print_summary(summary: dict[str, Any]) -> None:
+def _print_summary(result: dict[str, Any]) -> None:
+    from flows.summary import RunSummary, format_summary
+
+    summary = RunSummary.model_validate(result)  # the flow's JSON result, typed again
     table = Table(show_edge=False)
     for col in ("server", "max_running_requests", "max_total_num_tokens", "mamba slots"):
         table.add_column(col, overflow="fold")
-    for srv in summary["servers"]:
-        table.add_row(srv["url"].removeprefix("http://"), str(srv["max_running_requests"]),
-                      str(srv["max_total_num_tokens"]), str(srv["max_mamba_cache_size"]))
-    from flows.summary import format_summary
-
+    for srv in summary.servers:
+        table.add_row(srv.url.removeprefix("http://"), str(srv.max_running_requests),
+                      str(srv.max_total_num_tokens), str(srv.max_mamba_cache_size))
     console.print(format_summary(summary), highlight=False, soft_wrap=True)
-    if summary["servers"]:
+    if summary.servers:
         console.print(table)
 
 

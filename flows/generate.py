@@ -24,7 +24,7 @@ from prefect.artifacts import (
 from flows.epoch import EpochOutcome, JobContext, TunerState, run_epoch
 from flows.job import Cycle, Progress, RunTotals, hardware_of
 from flows.report import write_report
-from flows.summary import format_summary
+from flows.summary import RunSummary, ServerSummary, format_summary
 from infra.processes import ephemeral_port_warning
 from infra.prompts import validate_input
 from infra.settings import NULL, JobSettings, load_settings
@@ -98,32 +98,25 @@ def _stop_fleet_hook(flow_: Any, flow_run: Any, state: Any) -> None:
 
 
 def summarize(settings: JobSettings, state: JobState, totals: RunTotals,
-              seconds: float) -> dict[str, Any]:
+              seconds: float) -> RunSummary:
     caps = totals.capacities
     wall_tok_s = totals.tokens / seconds if seconds > 0 else 0.0
     hw = hardware_of(settings, caps[0].version if caps else None)
     plan = hw.plan(settings) if caps else None
-    return {
-        "output": settings.upload_target() or str(settings.local_output()),
-        "prompts_total": state.plan.input_rows,
-        "prompts_done_this_run": totals.done,
-        "errors_this_run": totals.errors,
-        "already_committed": state.committed_rows,
-        "output_tokens": totals.tokens,
-        "seconds": round(seconds, 2),
-        "tok_s": round(wall_tok_s, 1),
-        "tok_s_modeled_gpu_time": round(wall_tok_s / hw.time_scale, 1),
-        "time_scale": hw.time_scale,
-        "servers": [{"url": c.url, "max_running_requests": c.max_running_requests,
-                     "max_total_num_tokens": c.max_total_num_tokens,
-                     "max_mamba_cache_size": c.max_mamba_cache_size} for c in caps],
-        "capacity_note": capacity_note(plan, caps),
-        "restarts": len(totals.cycles),
-        "answers_redone_after_drains": max(0, totals.answers - totals.done - totals.errors),
-        "cycles": [c.record() for c in totals.cycles],
-        "final_server_flags": settings.server.model_dump(exclude_none=True,
-                                                         exclude={"extra_args"}),
-    }
+    return RunSummary(
+        output=settings.upload_target() or str(settings.local_output()),
+        prompts_total=state.plan.input_rows, prompts_done_this_run=totals.done,
+        errors_this_run=totals.errors, already_committed=state.committed_rows,
+        output_tokens=totals.tokens, seconds=round(seconds, 2), tok_s=round(wall_tok_s, 1),
+        tok_s_modeled_gpu_time=round(wall_tok_s / hw.time_scale, 1), time_scale=hw.time_scale,
+        servers=[ServerSummary(url=c.url, max_running_requests=c.max_running_requests,
+                               max_total_num_tokens=c.max_total_num_tokens,
+                               max_mamba_cache_size=c.max_mamba_cache_size) for c in caps],
+        capacity_note=capacity_note(plan, caps), restarts=len(totals.cycles),
+        answers_redone_after_drains=max(0, totals.answers - totals.done - totals.errors),
+        cycles=[c.record() for c in totals.cycles],
+        final_server_flags=settings.server.model_dump(exclude_none=True,
+                                                      exclude={"extra_args"}))
 
 
 @flow(name="generate", on_cancellation=[_stop_fleet_hook],  # type: ignore[list-item]
@@ -180,12 +173,12 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
                     rep.skipped)
     summary = summarize(settings, initial, totals, time.monotonic() - started)
     if totals.capacities:
-        _, artifact = write_report(out, summary, monitor.snapshot(), summary["cycles"],
+        _, artifact = write_report(out, summary, monitor.snapshot(), summary.cycles,
                                    hardware_of(settings, None).time_scale, totals.caps_by_epoch)
         create_markdown_artifact(artifact, key="run-report",
                                  description="throughput, pool usage and restarts")
     logger.info(format_summary(summary))
-    return summary
+    return summary.model_dump()
 
 
 def _run_epochs(settings: JobSettings, state: JobState, ctx: JobContext,

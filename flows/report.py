@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from flows.summary import summary_lines
+from flows.summary import RunSummary, summary_lines
 from tasks.monitor import Sample
 
 Series = dict[str, list[tuple[float, float]]]
@@ -180,14 +180,16 @@ def _epoch_spans(samples: list[Sample]) -> dict[int, tuple[float, float]]:
     return spans
 
 
-def write_report(output: Path, summary: dict[str, Any], samples: list[Sample],
+def write_report(output: Path, summary: RunSummary | dict[str, Any], samples: list[Sample],
                  cycles: list[dict[str, Any]], time_scale: float,
                  caps: dict[int, dict[str, int]] | None = None) -> tuple[Path, str]:
     """Write report.md and report.png; return the markdown path and the artifact text
     (the same markdown with the picture embedded)."""
     clock = ("wall clock" if time_scale == 1
              else f"modeled GPU time = wall-clock rate ÷ {time_scale:g}")
-    png = plot_png(samples, caps or {}, time_scale, float(summary["seconds"]), clock)
+    if not isinstance(summary, RunSummary):
+        summary = RunSummary.model_validate(summary)
+    png = plot_png(samples, caps or {}, time_scale, summary.seconds, clock)
     (output / "report.png").write_bytes(png)
     body = _markdown(summary, cycles)
     image = "![throughput, running vs cap and pool usage over the run]"
@@ -197,7 +199,7 @@ def write_report(output: Path, summary: dict[str, Any], samples: list[Sample],
     return path, body.replace("{image}", inline)
 
 
-def _markdown(summary: dict[str, Any], cycles: list[dict[str, Any]]) -> str:
+def _markdown(summary: RunSummary, cycles: list[dict[str, Any]]) -> str:
     lines = ["# expansion run report", "", *(f"- {line}" for line in summary_lines(summary)),
              "", "{image}", ""]
     if cycles:
@@ -212,7 +214,7 @@ def _markdown(summary: dict[str, Any], cycles: list[dict[str, Any]]) -> str:
         lines.append("")
     lines += ["## Servers", "", "| server | max_running_requests | max_total_num_tokens | "
               "mamba slots |", "|---|---|---|---|"]
-    for s in summary["servers"]:
-        lines.append(f"| {s['url']} | {s['max_running_requests']} | "
-                     f"{s['max_total_num_tokens']} | {s['max_mamba_cache_size']} |")
+    for srv in summary.servers:
+        lines.append(f"| {srv.url} | {srv.max_running_requests} | "
+                     f"{srv.max_total_num_tokens} | {srv.max_mamba_cache_size} |")
     return "\n".join(lines) + "\n"

@@ -10,35 +10,67 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
 
-def summary_lines(summary: dict[str, Any]) -> list[str]:
+
+class ServerSummary(BaseModel):
+    url: str
+    max_running_requests: int
+    max_total_num_tokens: int | None
+    max_mamba_cache_size: int | None
+
+
+class RunSummary(BaseModel):
+    """What a run did. The flow returns it as JSON (`model_dump()`), the form Prefect keeps
+    as the run's result and a deployment's caller reads; code reads the fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    output: str
+    prompts_total: int
+    prompts_done_this_run: int
+    errors_this_run: int
+    already_committed: int
+    output_tokens: int
+    seconds: float
+    tok_s: float
+    tok_s_modeled_gpu_time: float
+    time_scale: float
+    servers: list[ServerSummary]
+    capacity_note: str
+    restarts: int
+    answers_redone_after_drains: int
+    cycles: list[dict[str, Any]]  # flows.job.Cycle.record(): also the tuning-ledger artifact
+    final_server_flags: dict[str, Any]
+
+
+def summary_lines(summary: RunSummary | dict[str, Any]) -> list[str]:
+    s = summary if isinstance(summary, RunSummary) else RunSummary.model_validate(summary)
     lines = [
-        f"prompts: {summary['prompts_done_this_run']:,} done this run "
-        f"({summary['errors_this_run']:,} errors, {summary['already_committed']:,} committed "
-        f"before) of {summary['prompts_total']:,} planned",
-        f"output: {summary['output_tokens']:,} tokens in {summary['seconds']:,} s of wall "
-        f"clock = {summary['tok_s']:,} tok/s",
+        f"prompts: {s.prompts_done_this_run:,} done this run ({s.errors_this_run:,} errors, "
+        f"{s.already_committed:,} committed before) of {s.prompts_total:,} planned",
+        f"output: {s.output_tokens:,} tokens in {s.seconds:,} s of wall clock = "
+        f"{s.tok_s:,} tok/s",
     ]
-    scale = summary.get("time_scale", 1.0)
-    if scale != 1.0:
+    if s.time_scale != 1.0:
         lines.append(
-            f"simulated fleet: time_scale {scale:g} (the simulator runs {scale:g}× faster than "
-            f"the GPUs it models), so in modeled GPU time that is "
-            f"{summary['tok_s_modeled_gpu_time']:,} tok/s — what the same fleet would do on "
-            "the real hardware")
-    caps = sorted({s["max_running_requests"] for s in summary["servers"]})
+            f"simulated fleet: time_scale {s.time_scale:g} (the simulator runs "
+            f"{s.time_scale:g}× faster than the GPUs it models), so in modeled GPU time that "
+            f"is {s.tok_s_modeled_gpu_time:,} tok/s — what the same fleet would do on the "
+            "real hardware")
+    caps = sorted({srv.max_running_requests for srv in s.servers})
     if caps:
-        lines.append(f"servers: {len(summary['servers'])}, concurrency cap "
+        lines.append(f"servers: {len(s.servers)}, concurrency cap "
                      f"{'/'.join(map(str, caps))} each")
-    if summary.get("capacity_note"):
-        lines.append(f"capacity: {summary['capacity_note']}")
-    lines.append(f"restarts: {summary['restarts']}" + "".join(
+    if s.capacity_note:
+        lines.append(f"capacity: {s.capacity_note}")
+    lines.append(f"restarts: {s.restarts}" + "".join(
         f"; epoch {c['epoch']}: {c['diagnosis']} → {c.get('new_flags', {}).get('mamba_strategy')}"
-        for c in summary.get("cycles", [])))
-    lines.append(f"output folder: {summary['output']}")
+        for c in s.cycles))
+    lines.append(f"output folder: {s.output}")
     return lines
 
 
-def format_summary(summary: dict[str, Any]) -> str:
+def format_summary(summary: RunSummary | dict[str, Any]) -> str:
     """The multi-line block for logs: a title line, then one fact per line."""
     return "run summary\n" + "\n".join(f"  {line}" for line in summary_lines(summary))

@@ -18,6 +18,7 @@ def sample(t: float, server: str, tokens: float | None, epoch: int = 1) -> Sampl
 
 
 def summary(time_scale: float) -> dict:
+    """A flow result as JSON (flows.summary.RunSummary.model_dump())."""
     return {"output": "/out", "prompts_total": 10, "prompts_done_this_run": 10,
             "errors_this_run": 0, "already_committed": 0, "output_tokens": 2000,
             "seconds": 10.0, "tok_s": 200.0, "tok_s_modeled_gpu_time": 200.0 / time_scale,
@@ -26,7 +27,8 @@ def summary(time_scale: float) -> dict:
                          "max_total_num_tokens": 1000, "max_mamba_cache_size": 158}],
             "cycles": [{"epoch": 1, "diagnosis": "mamba-bound", "reason": "r",
                         "measured_tok_s_per_gpu": 100.0,
-                        "new_flags": {"mamba_strategy": "no_buffer"}}]}
+                        "new_flags": {"mamba_strategy": "no_buffer"}}],
+            "answers_redone_after_drains": 0, "final_server_flags": {}}
 
 
 def test_first_sample_gives_no_rate_and_a_restarted_counter_starts_over() -> None:
