@@ -167,19 +167,8 @@ def plan_memory(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
     strategy, overlap = resolve_strategy(model, flags, ver)
     m = flags.mem_fraction_static or default_mem_fraction(gpu, model, flags, ver)
     chunked, graph_bs = gpu_memory_defaults(gpu)
-
-    free_before = gpu.total_gib - gpu.context_gib
     weights = model.weights_gib / flags.tp_size
-    free_after = free_before - weights
-    rest = free_after - free_before * (1 - m)
-    if rest <= 0:
-        need = 1 - (free_after - 0.5) / free_before
-        raise PoolsDoNotFit(
-            f"mem_fraction_static={m:.3f} leaves no memory for pools after {weights:.1f} GiB of "
-            f"weights on {gpu.name}; raise it to at least {min(need, 0.99):.3f} or use more TP")
-    rest_bytes = rest * GIB
-
-    draft = flags.draft_tokens
+    rest = _rest_after_weights(gpu, weights, m)
     requested = flags.max_running_requests
     if requested is None and flags.speculative:
         requested = SPEC_DEFAULT_MRR
@@ -188,49 +177,9 @@ def plan_memory(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
     if ctx > model.context_length:
         raise PoolsDoNotFit(
             f"context_length={ctx} exceeds the model's {model.context_length}; lower it")
-
     rho = slot_ratio(strategy, overlap, flags)
     conv_b, ssm_b = per_slot_bytes(model, flags)
-    p = conv_b + ssm_b
-    slots = 0
-    intermediate_reserved = 0.0
-    if model.hybrid:
-        ratio = flags.mamba_full_memory_ratio or DEFAULT_MAMBA_FULL_MEMORY_RATIO
-        upfront = p * (requested or 0) * draft if ver.spec_reservation == "upfront" else 0.0
-        if flags.max_mamba_cache_size:
-            slots = flags.max_mamba_cache_size
-            rest_bytes -= upfront
-        elif flags.disable_radix_cache and requested:
-            slots = requested
-            rest_bytes -= upfront
-        else:
-            budget = rest_bytes * ratio / (1 + ratio)
-            if ver.spec_reservation == "upfront":
-                slots = math.floor((rest_bytes - upfront) * ratio / (1 + ratio) / p)
-                rest_bytes -= upfront
-            elif ver.spec_reservation == "joint":
-                slots = math.floor(budget / (p * (1 + draft / rho)))
-            else:
-                slots = math.floor((budget - p * (1 + draft)) / (p * (1 + draft / rho)))
-        if slots <= 0:
-            raise PoolsDoNotFit(
-                "Not enough GPU memory for hybrid (mamba/linear-attention) state cache: "
-                f"{rest:.1f} GiB left after weights; raise mem_fraction_static or "
-                "mamba_full_memory_ratio, or lower max_running_requests")
-        if draft and ver.spec_reservation != "upfront":
-            base = min(requested or slots // rho, slots // rho)
-            if ver.spec_reservation == "joint_padded":
-                base += 1
-            intermediate_reserved = p * base * draft
-        pool_slots = slots + 1 if ver.pads_mamba_pool else slots
-        kv_bytes = rest_bytes - pool_slots * p - intermediate_reserved
-    else:
-        kv_bytes = rest_bytes
-    if kv_bytes <= 0:
-        raise PoolsDoNotFit(
-            f"no memory left for the KV cache after {slots} mamba slots; lower "
-            "max_mamba_cache_size or mamba_full_memory_ratio, or raise mem_fraction_static")
-
+    slots, kv_bytes = _split_rest(model, flags, ver, rest, requested, rho)
     cell = kv_cell_bytes(model, flags, ver)
     page = flags.page_size or 1
     tokens = math.floor(kv_bytes / cell) // page * page
@@ -238,7 +187,92 @@ def plan_memory(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
         tokens = min(tokens, flags.max_total_tokens)
     if tokens < 2:
         raise PoolsDoNotFit(f"KV pool holds {tokens} tokens; raise mem_fraction_static")
+    running, binding, request_cap, token_cap, mamba_cap = _caps(
+        model, ver, tokens, ctx, requested, slots, rho, warnings)
+    inter_ssm, inter_conv = _intermediate_bytes(model, flags, running)
+    alloc_slots = slots + 1
+    return MemoryPlan(
+        model=model.name, gpu=gpu.name, version=ver.label, mamba_strategy=strategy,
+        overlap_schedule=overlap, mem_fraction_static=m, weights_gib=round(weights, 3),
+        rest_gib=round(rest, 3), per_slot_mib=round((conv_b + ssm_b) / (1 << 20), 2),
+        slot_ratio=rho, draft_tokens=flags.draft_tokens, mamba_slots=slots,
+        conv_state_gib=round(alloc_slots * conv_b / GIB, 2) if model.hybrid else 0.0,
+        ssm_state_gib=round(alloc_slots * ssm_b / GIB, 2) if model.hybrid else 0.0,
+        intermediate_gib=round(inter_ssm / GIB, 2),
+        intermediate_conv_gib=round(inter_conv / GIB, 2),
+        kv_cache_gib=round(tokens * cell / GIB, 2), kv_cell_bytes=cell,
+        max_total_num_tokens=tokens, requested_running_requests=request_cap,
+        max_running_requests=running, mamba_cap=mamba_cap, token_cap=token_cap,
+        binding_limit=binding, context_len=ctx, chunked_prefill_size=chunked,
+        graph_max_bs=graph_bs, warnings=tuple(warnings),
+    )
 
+
+def _rest_after_weights(gpu: GpuProfile, weights: float, m: float) -> float:
+    """GiB for the pools: free after the weights load, minus the unreserved share of what
+    was free before it (reference §2.2)."""
+    free_before = gpu.total_gib - gpu.context_gib
+    free_after = free_before - weights
+    rest = free_after - free_before * (1 - m)
+    if rest <= 0:
+        need = 1 - (free_after - 0.5) / free_before
+        raise PoolsDoNotFit(
+            f"mem_fraction_static={m:.3f} leaves no memory for pools after {weights:.1f} GiB of "
+            f"weights on {gpu.name}; raise it to at least {min(need, 0.99):.3f} or use more TP")
+    return rest
+
+
+def _split_rest(model: ModelProfile, flags: ServerFlags, ver: SGLangVersion, rest: float,
+                requested: int | None, rho: int) -> tuple[int, float]:
+    """(mamba slots, bytes left for the KV pool) — the version's slot solve."""
+    rest_bytes = rest * GIB
+    if not model.hybrid:
+        return 0, rest_bytes
+    draft = flags.draft_tokens
+    conv_b, ssm_b = per_slot_bytes(model, flags)
+    p = conv_b + ssm_b
+    ratio = flags.mamba_full_memory_ratio or DEFAULT_MAMBA_FULL_MEMORY_RATIO
+    upfront = p * (requested or 0) * draft if ver.spec_reservation == "upfront" else 0.0
+    if flags.max_mamba_cache_size:
+        slots = flags.max_mamba_cache_size
+        rest_bytes -= upfront
+    elif flags.disable_radix_cache and requested:
+        slots = requested
+        rest_bytes -= upfront
+    else:
+        budget = rest_bytes * ratio / (1 + ratio)
+        if ver.spec_reservation == "upfront":
+            slots = math.floor((rest_bytes - upfront) * ratio / (1 + ratio) / p)
+            rest_bytes -= upfront
+        elif ver.spec_reservation == "joint":
+            slots = math.floor(budget / (p * (1 + draft / rho)))
+        else:
+            slots = math.floor((budget - p * (1 + draft)) / (p * (1 + draft / rho)))
+    if slots <= 0:
+        raise PoolsDoNotFit(
+            "Not enough GPU memory for hybrid (mamba/linear-attention) state cache: "
+            f"{rest:.1f} GiB left after weights; raise mem_fraction_static or "
+            "mamba_full_memory_ratio, or lower max_running_requests")
+    intermediate_reserved = 0.0
+    if draft and ver.spec_reservation != "upfront":
+        base = min(requested or slots // rho, slots // rho)
+        if ver.spec_reservation == "joint_padded":
+            base += 1
+        intermediate_reserved = p * base * draft
+    pool_slots = slots + 1 if ver.pads_mamba_pool else slots
+    kv_bytes = rest_bytes - pool_slots * p - intermediate_reserved
+    if kv_bytes <= 0:
+        raise PoolsDoNotFit(
+            f"no memory left for the KV cache after {slots} mamba slots; lower "
+            "max_mamba_cache_size or mamba_full_memory_ratio, or raise mem_fraction_static")
+    return slots, kv_bytes
+
+
+def _caps(model: ModelProfile, ver: SGLangVersion, tokens: int, ctx: int,
+          requested: int | None, slots: int, rho: int, warnings: list[str],
+          ) -> tuple[int, BindingLimit, int, int, int | None]:
+    """(running cap, what binds it, request cap, KV cap, mamba cap), as the scheduler
+    resolves max_running_requests."""
     estimated = min(max(tokens * 512 // ctx, 2048), 4096)
     if requested is not None:
         request_cap = requested
@@ -259,27 +293,17 @@ def plan_memory(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
         warnings.append(
             f"max_running_requests was reduced from the requested {requested} to {running} "
             "(per dp worker) due to the available KV cache capacity.")
+    return running, binding, request_cap, token_cap, mamba_cap
 
-    alloc_slots = slots + 1
-    shape = model.mamba
-    inter_ssm = inter_conv = 0.0
-    if draft and shape is not None:
-        rows = running + 1  # allocated for R+1 rows, sized by running requests, not slots
-        inter_ssm = model.num_linear_layers * rows * draft * ssm_bytes_per_layer(model, flags)
-        inter_conv = (model.num_linear_layers * rows * conv_dim_per_gpu(model, flags)
-                      * (draft + shape.conv_kernel - 2) * 2)  # de-duplicated window layout
-    return MemoryPlan(
-        model=model.name, gpu=gpu.name, version=ver.label, mamba_strategy=strategy,
-        overlap_schedule=overlap, mem_fraction_static=m, weights_gib=round(weights, 3),
-        rest_gib=round(rest, 3), per_slot_mib=round(p / (1 << 20), 2), slot_ratio=rho,
-        draft_tokens=draft, mamba_slots=slots,
-        conv_state_gib=round(alloc_slots * conv_b / GIB, 2) if model.hybrid else 0.0,
-        ssm_state_gib=round(alloc_slots * ssm_b / GIB, 2) if model.hybrid else 0.0,
-        intermediate_gib=round(inter_ssm / GIB, 2),
-        intermediate_conv_gib=round(inter_conv / GIB, 2),
-        kv_cache_gib=round(tokens * cell / GIB, 2), kv_cell_bytes=cell,
-        max_total_num_tokens=tokens, requested_running_requests=request_cap,
-        max_running_requests=running, mamba_cap=mamba_cap, token_cap=token_cap,
-        binding_limit=binding, context_len=ctx, chunked_prefill_size=chunked,
-        graph_max_bs=graph_bs, warnings=tuple(warnings),
-    )
+
+def _intermediate_bytes(model: ModelProfile, flags: ServerFlags,
+                        running: int) -> tuple[float, float]:
+    """Speculative decoding's intermediate SSM and conv-window caches, in bytes."""
+    draft, shape = flags.draft_tokens, model.mamba
+    if not draft or shape is None:
+        return 0.0, 0.0
+    rows = running + 1  # allocated for R+1 rows, sized by running requests, not slots
+    inter_ssm = model.num_linear_layers * rows * draft * ssm_bytes_per_layer(model, flags)
+    inter_conv = (model.num_linear_layers * rows * conv_dim_per_gpu(model, flags)
+                  * (draft + shape.conv_kernel - 2) * 2)  # de-duplicated window layout
+    return inter_ssm, inter_conv
