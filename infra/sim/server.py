@@ -170,34 +170,39 @@ def reset_connection(request: Request) -> None:
     transport.abort()
 
 
-def build_app(server: SimServer) -> Starlette:
-    cfg = server.cfg
+class Handlers:
+    """The HTTP endpoints, over the state of one simulated server."""
 
-    async def health(request: Request) -> Response:
-        return Response(status_code=200 if server.ready else 503)
+    def __init__(self, server: SimServer) -> None:
+        self.server = server
+        self.cfg = server.cfg
 
-    async def server_info(request: Request) -> Response:
-        if not server.authorized(request):
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200 if self.server.ready else 503)
+
+    async def server_info(self, request: Request) -> Response:
+        if not self.server.authorized(request):
             return JSONResponse({"error": "Unauthorized"}, status_code=401)
-        return JSONResponse(server_info_body(server))
+        return JSONResponse(server_info_body(self.server))
 
-    async def model_info(request: Request) -> Response:
-        return JSONResponse({"model_path": cfg.model, "tokenizer_path": cfg.model,
+    async def model_info(self, request: Request) -> Response:
+        return JSONResponse({"model_path": self.cfg.model, "tokenizer_path": self.cfg.model,
                              "is_generation": True, "model_type": "sim",
                              "architectures": ["SimForCausalLM"], "weight_version": "default"})
 
-    async def models(request: Request) -> Response:
+    async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
-            {"id": cfg.model, "object": "model", "created": int(server.started),
-             "owned_by": "sglang", "root": cfg.model, "parent": None,
-             "max_model_len": server.plan.context_len}]})
+            {"id": self.cfg.model, "object": "model", "created": int(self.server.started),
+             "owned_by": "sglang", "root": self.cfg.model, "parent": None,
+             "max_model_len": self.server.plan.context_len}]})
 
-    async def metrics(request: Request) -> Response:
-        if not cfg.flags.enable_metrics:
+    async def metrics(self, request: Request) -> Response:
+        if not self.cfg.flags.enable_metrics:
             return PlainTextResponse("Not Found", status_code=404)
-        return Response(metrics_text(server),
+        return Response(metrics_text(self.server),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    @staticmethod
     async def read_json(request: Request) -> dict[str, Any] | None:
         try:
             body = json.loads(await request.body())
@@ -205,51 +210,56 @@ def build_app(server: SimServer) -> Starlette:
             return None
         return body if isinstance(body, dict) else None
 
-    async def generate(request: Request) -> Response:
-        if not server.authorized(request):
+    async def generate(self, request: Request) -> Response:
+        if not self.server.authorized(request):
             return JSONResponse({"error": "Unauthorized"}, status_code=401)
-        if not server.ready:
+        if not self.server.ready:
             return JSONResponse({"error": {"message": "server not ready"}}, status_code=503)
-        body = await read_json(request)
-        prompts, batch, problem = generate_prompts(body, cfg.skip_tokenizer_init)
+        body = await self.read_json(request)
+        prompts, batch, problem = generate_prompts(body, self.cfg.skip_tokenizer_init)
         problem = problem or generate_refusal(body or {}) or ""
         if prompts is None or problem:
             return bad_request(problem, openai=False)
-        fault = await server.maybe_fault(request)
+        fault = await self.server.maybe_fault(request)
         if fault is not None:
             return fault
         sampling = dict((body or {}).get("sampling_params") or {})
         try:
-            outs = await asyncio.gather(*(server.generate_one(p, sampling, request)
+            outs = await asyncio.gather(*(self.server.generate_one(p, sampling, request)
                                           for p in prompts))
         except ValueError as exc:
             return bad_request(str(exc), openai=False)
         return JSONResponse(list(outs) if batch else outs[0])
 
-    async def flush_cache(request: Request) -> Response:
+    async def flush_cache(self, request: Request) -> Response:
         return PlainTextResponse(
             "Cache flushed.\nPlease check backend logs for more details. (When there are "
             "running or waiting requests, the operation will not be performed.)\n")
 
-    async def openai(request: Request, chat: bool) -> Response:
-        if not server.authorized(request):
+    async def openai(self, request: Request, chat: bool) -> Response:
+        if not self.server.authorized(request):
             return JSONResponse({"error": "Unauthorized"}, status_code=401)
-        body = await read_json(request)
+        body = await self.read_json(request)
         if body is None:
             return bad_request("request body must be a JSON object", openai=True)
-        fault = await server.maybe_fault(request)
+        fault = await self.server.maybe_fault(request)
         if fault is not None:
             return fault
         try:
-            return await openai_api.respond(body, chat, cfg.model, request, server.generate_one)
+            return await openai_api.respond(body, chat, self.cfg.model, request,
+                                            self.server.generate_one)
         except ValueError as exc:
             return bad_request(str(exc), openai=True)
 
-    async def completions(request: Request) -> Response:
-        return await openai(request, chat=False)
+    async def completions(self, request: Request) -> Response:
+        return await self.openai(request, chat=False)
 
-    async def chat_completions(request: Request) -> Response:
-        return await openai(request, chat=True)
+    async def chat_completions(self, request: Request) -> Response:
+        return await self.openai(request, chat=True)
+
+
+def build_app(server: SimServer) -> Starlette:
+    h = Handlers(server)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -260,14 +270,14 @@ def build_app(server: SimServer) -> Starlette:
         loop_task.cancel()
 
     routes = [
-        Route("/health", health), Route("/health_generate", health),
-        Route("/get_server_info", server_info), Route("/server_info", server_info),
-        Route("/model_info", model_info), Route("/get_model_info", model_info),
-        Route("/v1/models", models), Route("/metrics", metrics),
-        Route("/generate", generate, methods=["POST"]),
-        Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/health", h.health), Route("/health_generate", h.health),
+        Route("/get_server_info", h.server_info), Route("/server_info", h.server_info),
+        Route("/model_info", h.model_info), Route("/get_model_info", h.model_info),
+        Route("/v1/models", h.models), Route("/metrics", h.metrics),
+        Route("/generate", h.generate, methods=["POST"]),
+        Route("/flush_cache", h.flush_cache, methods=["GET", "POST"]),
+        Route("/v1/completions", h.completions, methods=["POST"]),
+        Route("/v1/chat/completions", h.chat_completions, methods=["POST"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan)
 
