@@ -73,43 +73,13 @@ def plan(
             return
         estimate = job_estimate(job, avg_output_tokens, num_gpus, rate)
     if as_json:
-        payload: dict[str, Any] = {"model": prof.name, "gpu": card.name,
-                                   "version": version.label}
-        if current.plan is None:
-            payload["error"] = current.error
-        else:
-            payload.update(current.plan.to_dict())
-            payload["tok_s_per_gpu"] = round(current.tok_s_per_gpu or 0.0, 1)
-        if estimate is not None:
-            payload["job"] = estimate
-        payload["alternatives"] = [
-            {"label": r.label, "error": r.error,
-             "mamba_slots": r.plan.mamba_slots if r.plan else None,
-             "max_running_requests": r.plan.max_running_requests if r.plan else None,
-             "max_total_num_tokens": r.plan.max_total_num_tokens if r.plan else None,
-             "binding_limit": r.plan.binding_limit if r.plan else None,
-             "tok_s_per_gpu": round(r.tok_s_per_gpu, 1) if r.tok_s_per_gpu else None}
-            for r in rows[1:]]
-        print(json.dumps(payload))
-        if current.plan is None:
-            raise typer.Exit(1)
+        _print_plan_json(prof.name, card.name, version.label, rows, estimate)
         return
     if current.plan is None:
         fail(f"SGLang would refuse to start: {current.error}", code=1)
         return
     _print_plan(current.plan)
-    table = Table(show_edge=False, title="alternatives (one lever each)")
-    for col in ("change", "strategy", "mamba slots", "max_running_requests", "KV tokens",
-                "binds", "tok/s/GPU"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        if r.plan is None:
-            table.add_row(r.label, "-", "-", "-", "-", "refused", (r.error or "")[:60])
-            continue
-        table.add_row(r.label, r.plan.mamba_strategy, str(r.plan.mamba_slots or "-"),
-                      str(r.plan.max_running_requests), str(r.plan.max_total_num_tokens),
-                      r.plan.binding_limit, f"{r.tok_s_per_gpu:,.0f}")
-    console.print(table)
+    _print_alternatives(rows)
     if estimate is not None:
         console.print(
             f"job: {job:,} prompts × {avg_output_tokens:,.0f} tokens on {num_gpus} GPUs at "
@@ -250,3 +220,43 @@ def diagnose(
         console.print(f"  {w.server}: {w.tok_s:,.0f} tok/s, running {w.running:.1f}, "
                       f"queue {w.queued:.1f}, KV {_pct_or_na(w.kv_usage)}, "
                       f"mamba {_pct_or_na(w.mamba_usage)}")
+
+
+def _print_plan_json(model: str, gpu: str, version: str, rows: list[Any],
+                     estimate: dict[str, Any] | None) -> None:
+    """`plan --json`: one object, the current plan's fields, the job estimate, alternatives."""
+    current = rows[0]
+    payload: dict[str, Any] = {"model": model, "gpu": gpu, "version": version}
+    if current.plan is None:
+        payload["error"] = current.error
+    else:
+        payload.update(current.plan.to_dict())
+        payload["tok_s_per_gpu"] = round(current.tok_s_per_gpu or 0.0, 1)
+    if estimate is not None:
+        payload["job"] = estimate
+    payload["alternatives"] = [
+        {"label": r.label, "error": r.error,
+         "mamba_slots": r.plan.mamba_slots if r.plan else None,
+         "max_running_requests": r.plan.max_running_requests if r.plan else None,
+         "max_total_num_tokens": r.plan.max_total_num_tokens if r.plan else None,
+         "binding_limit": r.plan.binding_limit if r.plan else None,
+         "tok_s_per_gpu": round(r.tok_s_per_gpu, 1) if r.tok_s_per_gpu else None}
+        for r in rows[1:]]
+    print(json.dumps(payload))
+    if current.plan is None:
+        raise typer.Exit(1)
+
+
+def _print_alternatives(rows: list[Any]) -> None:
+    table = Table(show_edge=False, title="alternatives (one lever each)")
+    for col in ("change", "strategy", "mamba slots", "max_running_requests", "KV tokens",
+                "binds", "tok/s/GPU"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        if r.plan is None:
+            table.add_row(r.label, "-", "-", "-", "-", "refused", (r.error or "")[:60])
+            continue
+        table.add_row(r.label, r.plan.mamba_strategy, str(r.plan.mamba_slots or "-"),
+                      str(r.plan.max_running_requests), str(r.plan.max_total_num_tokens),
+                      r.plan.binding_limit, f"{r.tok_s_per_gpu:,.0f}")
+    console.print(table)

@@ -72,7 +72,7 @@ def run(
     # A named option wins over `--set` of the same field (both are on the command line).
     overrides.update({k: v for k, v in shortcuts.items() if v is not None})
     config_file = str(config) if config else None
-    from infra.settings import NULL, SettingsError, load_settings
+    from infra.settings import SettingsError, load_settings
 
     try:
         settings = load_settings(config_file, **overrides)
@@ -82,7 +82,13 @@ def run(
     if dry_run:
         _print_launch_commands(settings)
         return
+    _run_now(settings, config_file, overrides)
+
+
+def _run_now(settings: Any, config_file: str | None, overrides: dict[str, Any]) -> None:
+    """Preflight, then the flow on the local Prefect API, with a progress bar and summary."""
     from flows.generate import preflight
+    from infra.settings import NULL
 
     try:
         warnings = preflight(settings)  # fast, before Prefect starts and before any output

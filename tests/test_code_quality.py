@@ -47,3 +47,14 @@ def test_imports_go_down_the_layers_only() -> None:
                 if top in SOURCE_PACKAGES and SOURCE_PACKAGES.index(top) < layer:
                     upward.append(f"{path.relative_to(ROOT)} imports {node.module}")
     assert not upward, upward
+
+
+def test_no_function_is_over_80_lines() -> None:
+    long = []
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                n = (node.end_lineno or node.lineno) - node.lineno + 1
+                if n > 80:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n})")
+    assert not long, f"split these: {long}"
