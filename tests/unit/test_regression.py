@@ -57,11 +57,15 @@ def test_one_slow_gpu_is_asymmetric_and_a_dead_one_unhealthy() -> None:
     assert d.kind == "unhealthy" and "s1" in d.evidence
 
 
-def test_window_prefers_the_servers_own_throughput_gauge() -> None:
-    samples = [Sample(t, 1, "s0", True, 31, 1, 0.03, 0.59, 480.0 + t, 1000.0 * t)
+def test_window_rate_is_committed_tokens_not_the_decode_only_gauge() -> None:
+    """As on the H200: the gauge reads decode time only, well above what is committed."""
+    samples = [Sample(t, 1, "s0", True, 31, 1, 0.03, 0.59, 2406.0, 1673.0 * 20 * t)
                for t in range(10)]
     (win,) = window_stats(samples, since=2, time_scale=20.0)
-    assert 483 < win.tok_s < 487 and win.running == 31
+    assert win.tok_s == 1673.0 and win.running == 31
+    # A window too short for the counter falls back to the gauge.
+    (short,) = window_stats(samples, since=7, time_scale=20.0)
+    assert short.tok_s == 2406.0
 
 
 def test_policy_moves_a_mamba_bound_fleet_to_no_buffer_or_more_mamba() -> None:
