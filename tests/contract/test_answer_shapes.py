@@ -40,26 +40,6 @@ CALLS: dict[str, tuple[str, str, dict[str, Any] | None]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def sim_url(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from tasks.health import wait_until_healthy
-    from tasks.servers import build_launch_specs, launch_fleet, registry_for, stop_fleet
-    from tests.conftest import sim_settings
-
-    tmp = tmp_path_factory.mktemp("shapes")
-    settings = sim_settings(tmp, 1, model=str(MODEL_27B), weights_gib=50.16,
-                            gpu_type="h200", sglang_version="0.5.17",
-                            **{"sim.gpu": "h200", "server.mamba_strategy": "extra_buffer"})
-    out = Path(settings.output)
-    handles = launch_fleet(build_launch_specs(settings, out), registry_for(out),
-                           settings.server.fingerprint(), 5.0)
-    try:
-        wait_until_healthy(handles, None, 60.0)
-        yield handles[0].url
-    finally:
-        stop_fleet(handles, registry_for(out), 5.0)
-
-
 def call(url: str, name: str) -> httpx.Response:
     method, path, body = CALLS[name]
     send: Callable[..., httpx.Response] = getattr(httpx, method)
