@@ -76,8 +76,7 @@ def seconds_to_first_commit(out: str, src: Path, env: dict[str, str], s3: str) -
     return took
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("prefect_server")
+@pytest.mark.slow  # not in the prefect_server group: the longest test runs beside it
 def test_sigkill_at_random_moments_loses_and_duplicates_nothing(
         prefect_server: dict[str, str], s3_endpoint: str, bucket: str,
         tmp_path: Path) -> None:
