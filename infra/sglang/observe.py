@@ -21,14 +21,23 @@ RECORD_KEYS = (
     "swa_token_usage", "mamba_usage", "mamba_num", "num_tokens", "full_num_tokens",
     "gen_throughput", "input_throughput", "new_seq", "new_token", "cached_token", "accept_len",
     "accept_rate", "graph", "pending_token", "max_total_num_tokens", "max_running_requests",
-    "max_mamba_cache_size", "context_len", "version",
+    "max_mamba_cache_size", "mamba_slots_per_request", "context_len", "version",
 )
 READY_LINE = "The server is fired up and ready to roll!"
 
-_LINE = re.compile(
-    r"^\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:[.,]\d+)?)(?P<rank>[^\]]*)\]\s*"
-    r"(?:\[(?P<rank2>(?:gpu|GPU|TP|DP|PP|EP)[^\]]*)\]\s*)?(?P<msg>.*)$")
-_BATCH = re.compile(r"^(?P<kind>Prefill|Decode) batch(?: \[\d+\])?[.,]\s*(?P<rest>.*)$")
+# What SGLang says, found wherever it stands in a line: behind its own `[date time TP0]`
+# prefix, a wrapper's (Ray `(Actor pid=N)`, docker compose `svc  |`, kubectl, journald), or
+# none. "Prefil batch" is how builds of 2024 spelled it.
+_MESSAGE = re.compile(
+    r"(?P<msg>(?:Prefill|Prefil|Decode) batch\b.*|max_total_num_tokens=.*"
+    r"|Mamba Cache is allocated.*|KV Cache is allocated.*|max_running_requests is capped to.*"
+    r"|The server is fired up and ready to roll!)$")
+_STAMP = re.compile(r"(?P<ts>\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?)")
+_TIME_ONLY = re.compile(r"(?P<ts>\b\d{2}:\d{2}:\d{2}(?:[.,]\d+)?)")
+_RANK_TAG = re.compile(r"\b(?:(?:DP|TP|PP|EP)\d+|(?:gpu|GPU|gpu_id)=\d+)\b")
+_BATCH = re.compile(r"^(?P<kind>Prefill|Prefil|Decode) batch(?: \[\d+\])?[.,]\s*(?P<rest>.*)$")
+_CAPPED = re.compile(r"capped to (?P<cap>\d+) by the mamba state cache "
+                     r"\(max_mamba_cache_size=(?P<slots>\d+), (?P<per>\d+) state slots")
 _KV_PAIR = re.compile(r"^\s*(?P<key>[#A-Za-z][^:]*?)\s*:\s*(?P<value>.+?)\s*$")
 _EQ_PAIR = re.compile(r"(?P<key>[a-z_]+)=(?P<value>[^,\s]+)")
 _MAMBA_SIZE = re.compile(r"max_mamba_cache_size:\s*(\d+)")
@@ -71,14 +80,24 @@ def _number(key: str, raw: str) -> Any:
 
 def parse_log_line(line: str) -> Record | None:
     """One record for a batch, startup or ready line; None for anything else."""
-    match = _LINE.match(line.rstrip("\r\n"))
+    text = line.rstrip("\r\n")
+    match = _MESSAGE.search(text)
     if not match:
         return None
-    msg = match["msg"]
-    rank = (match["rank"] or "").strip() or (match["rank2"] or "").strip() or None
+    record = _message_record(match["msg"])
+    if record is None:
+        return None
+    prefix = text[:match.start()]
+    stamp = _STAMP.search(prefix) or _TIME_ONLY.search(prefix)  # a date wins over a time
+    record["timestamp"] = stamp["ts"] if stamp else None
+    record["rank"] = " ".join(_RANK_TAG.findall(prefix)) or None
+    return record
+
+
+def _message_record(msg: str) -> Record | None:
     batch = _BATCH.match(msg)
     if batch:
-        record = new_record(batch["kind"].lower())
+        record = new_record("decode" if batch["kind"] == "Decode" else "prefill")
         for part in batch["rest"].split(", "):
             pair = _KV_PAIR.match(part)
             if not pair:
@@ -86,25 +105,27 @@ def parse_log_line(line: str) -> Record | None:
             key = _BATCH_KEYS.get(pair["key"].strip())
             if key is not None:
                 record[key] = _number(key, pair["value"])
-    elif msg.startswith("max_total_num_tokens="):
-        record = new_record("startup")
+        return record
+    record = new_record("startup")
+    if msg.startswith("max_total_num_tokens="):
         for pair in _EQ_PAIR.finditer(msg):
             if pair["key"] in ("max_total_num_tokens", "max_running_requests", "context_len"):
                 record[pair["key"]] = _number(pair["key"], pair["value"])
     elif msg.startswith("Mamba Cache is allocated"):
-        record = new_record("startup")
         size = _MAMBA_SIZE.search(msg)
         record["max_mamba_cache_size"] = int(size[1]) if size else None
     elif msg.startswith("KV Cache is allocated"):
-        record = new_record("startup")
         tokens = _KV_TOKENS.search(msg)
         record["max_total_num_tokens"] = int(tokens[1]) if tokens else None
-    elif msg.strip() == READY_LINE:
-        record = new_record("ready")
+    elif msg.startswith("max_running_requests is capped"):
+        capped = _CAPPED.search(msg)  # SGLang ≥ 0.5.17 says why the cap is what it is
+        if capped is None:
+            return None
+        record["max_running_requests"] = int(capped["cap"])
+        record["max_mamba_cache_size"] = int(capped["slots"])
+        record["mamba_slots_per_request"] = int(capped["per"])
     else:
-        return None
-    record["timestamp"] = match["ts"]
-    record["rank"] = rank
+        return new_record("ready")
     return record
 
 

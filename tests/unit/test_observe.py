@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infra.sglang.observe import RECORD_KEYS, parse_any, parse_log_line, parse_metrics
+from infra.sglang.observe import RECORD_KEYS, parse_any, parse_log, parse_log_line, parse_metrics
 from tests.conftest import FIXTURES
 
 SAMPLES = FIXTURES / "sglang-samples"
@@ -130,3 +130,54 @@ def test_no_text_makes_a_parser_raise(text: str) -> None:
     parse_any("[2026-01-01 00:00:00] Decode batch, " + text)
     parse_any("# TYPE sglang:x gauge\n" + text)
     parse_any("{" + text)
+
+
+DECODE = ("Decode batch, #running-req: 7, #token: 3, token usage: 0.07, mamba num: 14, "
+          "mamba usage: 0.05, gen throughput (token/s): 12.5, #queue-req: 2")
+
+
+@pytest.mark.parametrize(("line", "stamp", "rank"), [
+    (f"[2026-12-01 12:23:09 TP0] {DECODE}", "2026-12-01 12:23:09", "TP0"),
+    (f"(SGLangActor pid=4242) [2026-12-01 12:23:09 TP0] {DECODE}", "2026-12-01 12:23:09",
+     "TP0"),  # Ray
+    (f"sglang-1  | [2026-12-01 12:23:09] {DECODE}", "2026-12-01 12:23:09", None),  # compose
+    (f"2026-12-01T12:23:09.123456789Z [2026-12-01 12:23:09 DP0 TP0] {DECODE}",
+     "2026-12-01T12:23:09.123456789", "DP0 TP0"),  # kubectl logs --timestamps
+    (f"Dec 01 12:23:09 gpu-node-3 python[811]: [2026-12-01 12:23:09 TP1] {DECODE}",
+     "2026-12-01 12:23:09", "TP1"),  # journald: SGLang's dated stamp wins over its time
+    (f"12:23:09 {DECODE}", "12:23:09", None),  # time only
+    (DECODE, None, None),  # pasted alone
+    (f"[gpu_id=0] {DECODE}", None, "gpu_id=0"),  # 2024 builds
+])
+def test_lines_are_found_behind_any_prefix(line: str, stamp: str | None,
+                                           rank: str | None) -> None:
+    r = parse_log_line(line)
+    assert r is not None and r["kind"] == "decode"
+    assert (r["running_req"], r["queue_req"], r["mamba_num"]) == (7, 2, 14)
+    assert r["rank"] == rank
+    assert (r["timestamp"] or "")[:19].replace("T", " ") == (stamp or "")[:19].replace("T", " ")
+
+
+def test_the_2024_prefil_spelling_and_the_0517_cap_line() -> None:
+    r = parse_log_line("[gpu_id=0] Prefil batch. #new-seq: 1, #new-token: 7, #cached-token: 0, "
+                       "cache hit rate: 0.00%, #running-req: 0, #queue-req: 0")
+    assert r is not None and r["kind"] == "prefill" and r["new_token"] == 7
+    r = parse_log_line("[2026-12-01 12:18:51] max_running_requests is capped to 23 by the mamba "
+                       "state cache (max_mamba_cache_size=119, 5 state slots per request). To "
+                       "raise it: increase --mamba-full-memory-ratio")
+    assert r is not None and r["kind"] == "startup"
+    assert (r["max_running_requests"], r["max_mamba_cache_size"],
+            r["mamba_slots_per_request"]) == (23, 119, 5)
+
+
+def test_every_line_of_the_real_0517_logs_is_read() -> None:
+    """Each Prefill/Decode line of the H200 captures gives a record, and the cap line too."""
+    paths = sorted((FIXTURES / "sglang-0.5.17").glob("*.log"))
+    assert len(paths) >= 5
+    for path in paths:
+        text = path.read_text()
+        records = parse_log(text)
+        batches = sum(1 for ln in text.splitlines() if " batch, #" in ln)
+        assert sum(r["kind"] in ("prefill", "decode") for r in records) == batches, path.name
+        if "is capped to" in text:
+            assert any(r["mamba_slots_per_request"] for r in records), path.name
