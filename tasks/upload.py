@@ -1,9 +1,10 @@
-"""Upload committed shards as they commit, then a final verified pass with the manifest last.
+"""Upload committed shards as they commit (the manifest republished after each), then a final
+verified pass with the manifest last.
 
 Idempotent: an object whose stored sha256 equals the local file's is skipped, so uploading
 after every resume costs only new shards, and a shard interrupted mid-upload is simply sent
-again. The remote manifest is written last, so a reader never sees a manifest line whose
-shard is not there yet.
+again. A manifest line is written only after its shard, so a reader never sees a manifest
+line whose shard is not there yet.
 """
 
 from __future__ import annotations
@@ -100,23 +101,38 @@ def restore_from(dest: Destination, output: Path) -> int:
 
 
 class ShardUploader:
-    """Uploads each shard in the background as it commits; failures wait for the final pass.
+    """Uploads each shard in the background as it commits, then republishes the manifest —
+    so the bucket is a complete record mid-run: a run whose node is lost resumes elsewhere
+    from the bucket (restore_from) and regenerates only what the manifest lacks.
 
-    With `manifest_key` (a node of a multi-node job), it also republishes, after each shard,
-    a manifest listing only the shards already uploaded — so the fleet flow knows what a node
-    finished even if the node dies before its final upload."""
+    One thread keeps the order: shard first, manifest line after, so a reader never sees an
+    entry whose object is missing. The manifest starts from the remote one (what earlier runs
+    published); if that cannot be read, nothing is published mid-run rather than a manifest
+    that drops entries. A node of a multi-node job publishes under its own key
+    (`manifests/<node>.jsonl`); the fleet flow merges them. Failures wait for the final pass."""
 
     def __init__(self, dest: Destination, output: Path,
                  manifest_key: str | None = None) -> None:
         self.dest = dest
         self.output = output
-        self.manifest_key = manifest_key
-        self._uploaded: list[ManifestEntry] = []
-        workers = 1 if manifest_key else 2  # one thread keeps manifest and shards in order
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="upload")
+        self.manifest_key = manifest_key or "manifest.jsonl"
+        self._published: dict[int, ManifestEntry] = {}
+        self._publish = False
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
         self._futures: list[Future[tuple[int, int]]] = []
         self._lock = threading.Lock()
         self.failures = 0
+        self._futures.append(self._pool.submit(self._start))
+
+    def _start(self) -> tuple[int, int]:
+        """The plan first (a restore needs it), then what the bucket already lists."""
+        plan = self.output / "plan.json"
+        if plan.is_file() and self.dest.sha256_of("plan.json") != file_sha256(plan):
+            self.dest.put(plan, "plan.json", file_sha256(plan))
+        remote = self.dest.get_bytes(self.manifest_key) or b""
+        self._published = {e.shard: e for e in parse_jsonl(remote.splitlines(), ManifestEntry)}
+        self._publish = True
+        return 0, 0
 
     def submit(self, entry: ManifestEntry) -> None:
         with self._lock:
@@ -124,9 +140,10 @@ class ShardUploader:
 
     def _upload(self, entry: ManifestEntry) -> tuple[int, int]:
         done = upload_entry(self.dest, self.output, entry)
-        if self.manifest_key:
-            self._uploaded.append(entry)
-            lines = "".join(json.dumps(asdict(e)) + "\n" for e in self._uploaded)
+        if self._publish:
+            self._published[entry.shard] = entry
+            lines = "".join(json.dumps(asdict(self._published[s])) + "\n"
+                            for s in sorted(self._published))
             self.dest.put_bytes(lines.encode(), self.manifest_key)
         return done
 

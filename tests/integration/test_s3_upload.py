@@ -84,7 +84,9 @@ def test_endpoint_down_is_a_clear_error_and_nothing_is_lost(tmp_path: Path, s3_e
     uploader = ShardUploader(dead, out)
     for entry in Ledger(out).committed().values():
         uploader.submit(entry)
-    assert uploader.close() == 3  # failures are counted, not raised: generation goes on
+    # The start (plan, the remote manifest) and the three shards failed: counted, not raised,
+    # so generation goes on; nothing is published mid-run without the remote manifest.
+    assert uploader.close() == 4
     report = upload_committed(out, open_destination(f"s3://{bucket}/p", s3_endpoint))
     assert report.uploaded == 6
 
@@ -153,3 +155,25 @@ def test_s3_503s_are_retried_and_the_upload_completes(tmp_path: Path, s3_endpoin
     assert refused["count"] == 3  # the 503s really happened, and were retried through
     assert report.uploaded == 4
     assert len(keys(s3_endpoint, bucket)) == 6
+
+
+def test_the_bucket_is_a_complete_record_mid_run(tmp_path: Path, s3_endpoint: str,
+                                                 bucket: str) -> None:
+    """Seen before: 6 shards in the bucket but no manifest, so a resume elsewhere redid all.
+    Now each committed shard is followed by the manifest, on top of what earlier runs put."""
+    out = committed_output(tmp_path, shards=3)
+    entries = sorted(Ledger(out).committed().values(), key=lambda e: e.shard)
+    dest = open_destination(f"s3://{bucket}/mid", s3_endpoint)
+    earlier = ShardUploader(dest, out)  # an earlier run published shard 0, then died
+    earlier.submit(entries[0])
+    assert earlier.close() == 0
+    uploader = ShardUploader(dest, out)  # this run commits shard 2 and is lost before the end
+    uploader.submit(entries[2])
+    assert uploader.close() == 0
+    remote = [json.loads(line)["shard"]
+              for line in (dest.get_bytes("manifest.jsonl") or b"").splitlines()]
+    assert remote == [0, 2]  # the earlier run's entry kept, each listed after its object
+    fresh = tmp_path / "elsewhere"
+    assert restore_from(dest, fresh) == 2  # the resume regenerates shard 1 only
+    assert Ledger(fresh).committed().keys() == {0, 2}
+    assert prepare_job(Path(Ledger(fresh).load_plan().input_path), fresh, 4).pending == [1]
