@@ -26,7 +26,8 @@ UNSUPPORTED = ("stop", "stop_token_ids", "logprobs", "top_logprobs", "echo", "su
                "json_schema", "ebnf", "lora_path")
 MAX_N = 16
 
-Generate = Callable[[str, dict[str, Any], Request], Awaitable[dict[str, Any]]]
+Prompt = str | list[int]
+Generate = Callable[[Prompt, dict[str, Any], Request], Awaitable[dict[str, Any]]]
 
 
 def bad_request(message: str) -> JSONResponse:
@@ -34,18 +35,29 @@ def bad_request(message: str) -> JSONResponse:
                          "param": None, "code": 400}, status_code=400)
 
 
-def prompt_of(body: dict[str, Any], chat: bool) -> tuple[str | None, str]:
-    """The prompt text (chat messages through the model's template), or None and why not."""
+def _is_ids(value: Any) -> bool:
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in value))
+
+
+def prompts_of(body: dict[str, Any], chat: bool) -> tuple[list[Prompt] | None, str]:
+    """The prompts (chat: the messages through the model's template; completions: a string,
+    token ids, or a list of either, as OpenAI and SGLang accept), or None and why not."""
     if chat:
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
             return None, "`messages` must be a non-empty list"
-        return "".join(f"<|im_start|>{m.get('role')}\n{m.get('content')}<|im_end|>\n"
-                       for m in msgs if isinstance(m, dict)) + "<|im_start|>assistant\n", ""
+        return ["".join(f"<|im_start|>{m.get('role')}\n{m.get('content')}<|im_end|>\n"
+                        for m in msgs if isinstance(m, dict)) + "<|im_start|>assistant\n"], ""
     raw = body.get("prompt")
-    if not isinstance(raw, str):
-        return None, "`prompt` (a string) is required"
-    return raw, ""
+    if isinstance(raw, str):
+        return [raw], ""
+    if isinstance(raw, list) and _is_ids(raw):
+        return [[int(t) for t in raw]], ""
+    if isinstance(raw, list) and raw and all(isinstance(p, str) or _is_ids(p) for p in raw):
+        return list(raw), ""
+    return None, ("`prompt` must be a string, a list of token ids, or a non-empty list of "
+                  "either")
 
 
 def refusal(body: dict[str, Any]) -> str | None:
@@ -84,8 +96,8 @@ def _choice(index: int, out: dict[str, Any], chat: bool) -> dict[str, Any]:
     return choice
 
 
-def _usage(outs: list[dict[str, Any]]) -> dict[str, Any]:
-    prompt = outs[0]["meta_info"]["prompt_tokens"]
+def _usage(outs: list[dict[str, Any]], n: int = 1) -> dict[str, Any]:
+    prompt = sum(o["meta_info"]["prompt_tokens"] for o in outs[::n])  # once per prompt
     completion = sum(o["meta_info"]["completion_tokens"] for o in outs)
     return {"prompt_tokens": prompt, "total_tokens": prompt + completion,
             "completion_tokens": completion, "prompt_tokens_details": None,
@@ -95,27 +107,28 @@ def _usage(outs: list[dict[str, Any]]) -> dict[str, Any]:
 async def respond(body: dict[str, Any], chat: bool, model: str, request: Request,
                   generate: Generate) -> Response:
     """The answer to one /v1/completions or /v1/chat/completions body."""
-    prompt, problem = prompt_of(body, chat)
+    prompts, problem = prompts_of(body, chat)
     problem = problem or refusal(body) or ""
-    if prompt is None or problem:
+    if prompts is None or problem:
         return bad_request(problem)
     n = int(body.get("n", 1))
+    # OpenAI's order: every sample of the first prompt, then of the next.
     outs = list(await asyncio.gather(*(generate(prompt, sampling_of(body, i), request)
-                                       for i in range(n))))
+                                       for prompt in prompts for i in range(n))))
     name: str = body["model"] if isinstance(body.get("model"), str) else model
     if body.get("stream"):
-        return StreamingResponse(_stream(outs, chat, name, body),
+        return StreamingResponse(_stream(outs, chat, name, body, n),
                                  media_type="text/event-stream")
     return JSONResponse({
         "id": "_".join(o["meta_info"]["id"] for o in outs),
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()), "model": name,
         "choices": [_choice(i, o, chat) for i, o in enumerate(outs)],
-        "usage": _usage(outs), "metadata": {"weight_version": "default"}})
+        "usage": _usage(outs, n), "metadata": {"weight_version": "default"}})
 
 
 async def _stream(outs: list[dict[str, Any]], chat: bool, model: str,
-                  body: dict[str, Any]) -> AsyncIterator[str]:
+                  body: dict[str, Any], n: int) -> AsyncIterator[str]:
     """One chunk per output token and choice; the last carries the finish reason."""
     rid, created = uuid.uuid4().hex, int(time.time())
     kind = "chat.completion.chunk" if chat else "text_completion"
@@ -135,6 +148,6 @@ async def _stream(outs: list[dict[str, Any]], chat: bool, model: str,
             yield f"data: {json.dumps(chunk)}\n\n"
     if (body.get("stream_options") or {}).get("include_usage"):
         chunk = {"id": rid, "object": kind, "created": created, "model": model,
-                 "choices": [], "usage": _usage(outs)}
+                 "choices": [], "usage": _usage(outs, n)}
         yield f"data: {json.dumps(chunk)}\n\n"
     yield "data: [DONE]\n\n"

@@ -47,6 +47,16 @@ def test_n_samples(client: openai.OpenAI, model: str) -> None:
     assert out.usage is not None and out.usage.completion_tokens == 18
 
 
+def test_a_list_of_prompts_and_token_ids(client: openai.OpenAI, model: str) -> None:
+    out = client.completions.create(model=model, prompt=["first", "second"], max_tokens=4,
+                                    n=2, extra_body=LENGTH)
+    assert [c.index for c in out.choices] == [0, 1, 2, 3]  # prompt-major, as OpenAI orders
+    assert out.usage is not None and out.usage.completion_tokens == 16
+    ids = client.completions.create(model=model, prompt=[11, 12, 13], max_tokens=4,
+                                    extra_body=LENGTH)
+    assert ids.usage is not None and ids.usage.prompt_tokens == 3
+
+
 def test_chat(client: openai.OpenAI, model: str) -> None:
     out = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=8,
