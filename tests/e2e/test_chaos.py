@@ -25,7 +25,7 @@ from tests.conftest import free_port_block
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = 5000
-KILLS = 8
+KILLS = 6
 
 
 def run_cli(out: str, src: Path, env: dict[str, str], port: int, s3: str | None,

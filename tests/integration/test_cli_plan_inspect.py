@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from infra.sglang.observe import RECORD_KEYS
 from tests.conftest import FIXTURES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +60,7 @@ def test_inspect_json_records_have_the_documented_keys() -> None:
     proc = cli("inspect", str(FIXTURES / "sglang-samples" / "logs.txt"), "--json")
     assert proc.returncode == 0, proc.stderr
     records = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert records and all(len(r) == 26 for r in records)
+    assert records and all(len(r) == len(RECORD_KEYS) == 27 for r in records)
     assert {r["kind"] for r in records} >= {"decode", "prefill", "startup", "ready"}
 
 
