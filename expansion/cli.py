@@ -9,8 +9,15 @@ from __future__ import annotations
 
 import sys
 
-from expansion import cli_plan, cli_run, cli_tools  # noqa: F401  (registers the commands)
-from expansion.cli_common import app
+from infra.prefect_env import configure_local_prefect
+
+# Before anything imports Prefect: it reads its settings once, at import. (The flow module
+# was imported before these defaults were set, so a loaded machine met Prefect's 20 s
+# ephemeral-start timeout instead of ours.)
+configure_local_prefect()
+
+from expansion import cli_plan, cli_run, cli_tools  # noqa: E402, F401  (registers commands)
+from expansion.cli_common import app  # noqa: E402
 
 
 def main() -> None:
