@@ -10,12 +10,10 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from infra.sglang.flags import ServerFlags
 from infra.sglang.versions import SGLangVersion
 
-Engine = Literal["sim", "sglang"]
 REDACTED = "***"
 
 

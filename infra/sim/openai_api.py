@@ -18,6 +18,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from infra.sim.native_api import is_ids
 from infra.sim.text import EOS_TOKEN_ID
 
 # Fields that would change the answer's length or shape, which the simulator cannot honour.
@@ -35,11 +36,6 @@ def bad_request(message: str) -> JSONResponse:
                          "param": None, "code": 400}, status_code=400)
 
 
-def _is_ids(value: Any) -> bool:
-    return (isinstance(value, list) and bool(value)
-            and all(isinstance(t, int) and not isinstance(t, bool) for t in value))
-
-
 def prompts_of(body: dict[str, Any], chat: bool) -> tuple[list[Prompt] | None, str]:
     """The prompts (chat: the messages through the model's template; completions: a string,
     token ids, or a list of either, as OpenAI and SGLang accept), or None and why not."""
@@ -52,9 +48,9 @@ def prompts_of(body: dict[str, Any], chat: bool) -> tuple[list[Prompt] | None, s
     raw = body.get("prompt")
     if isinstance(raw, str):
         return [raw], ""
-    if isinstance(raw, list) and _is_ids(raw):
+    if isinstance(raw, list) and is_ids(raw):
         return [[int(t) for t in raw]], ""
-    if isinstance(raw, list) and raw and all(isinstance(p, str) or _is_ids(p) for p in raw):
+    if isinstance(raw, list) and raw and all(isinstance(p, str) or is_ids(p) for p in raw):
         return list(raw), ""
     return None, ("`prompt` must be a string, a list of token ids, or a non-empty list of "
                   "either")

@@ -21,7 +21,6 @@ from tests.contract.checks import check_metrics, family_names, missing_keys, sha
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 REAL = json.loads((FIXTURES / "sglang-0.5.17" / "tiny.answers.json").read_text())
-MODEL_27B = FIXTURES / "models" / "qwen3.6-27b-text"
 LENGTH = {"ignore_eos": True}  # the real answers finished by length; so must the sim's
 CALLS: dict[str, tuple[str, str, dict[str, Any] | None]] = {
     "v1_models": ("get", "/v1/models", None),
