@@ -7,22 +7,26 @@ to start, what the watch saw, and the hardware the policy reasons about.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flows.job import Hardware, Progress, RunTotals, capacity_artifact, hardware_of
+from flows.rollout import LiveConfig, canary_handler
 from infra.settings import JobSettings
 from infra.sglang.memory import MemoryPlan
 from infra.storage import Destination
 from tasks.capacity import Capacity, capacity_note, measure_capacity
 from tasks.engines import engine_for
+from tasks.fleet_control import FleetControl
 from tasks.health import ServerStartFailed, wait_healthy
 from tasks.monitor import FleetMonitor
+from tasks.rolling import RollingFleet
 from tasks.servers import ServerHandle, launch_servers, stop_servers
 from tasks.shards import JobState, generate_shards
 from tasks.tuning.ledger import TuningLedger, config_key
-from tasks.tuning.policy import gain_to_pay_for_restart, propose, restart_cost
+from tasks.tuning.policy import gain_to_pay_for_restart, pools_pinned, propose, restart_cost
 from tasks.tuning.watch import RegressionWatch, WatchResult
 from tasks.upload import ShardUploader
 
@@ -55,6 +59,7 @@ class EpochOutcome:
     start_failure: ServerStartFailed | None  # after epoch 1 (epoch 1 raises it)
     result: WatchResult | None
     hw: Hardware
+    settings: JobSettings  # the config the fleet ran at the end (a rollout changes it)
 
     @property
     def failure(self) -> str | None:
@@ -66,29 +71,35 @@ def run_epoch(settings: JobSettings, state: JobState, ctx: JobContext, tuner: Tu
     """Run one configuration until the work is done or the watch asks for a restart."""
     uploader = ShardUploader(ctx.dest, ctx.out, ctx.node_manifest) if ctx.dest else None
     ctx.progress.uploader = uploader
-    handles: list[ServerHandle] = []
     hw = hardware_of(settings, None)
+    live = LiveConfig(settings)
+    fleet: RollingFleet | None = None
     try:
         handles = launch_servers(settings, str(ctx.out), epoch)
+        fleet = RollingFleet(handles, settings, ctx.out, epoch, FleetControl(), ctx.logger,
+                             threading.Event(),
+                             engine_for(settings).checks_gpu_memory_after_stop)
         try:
             took = wait_healthy(handles, settings.api_key, settings.startup_timeout_s)
         except ServerStartFailed as exc:
             if epoch == 1:
                 raise  # nothing known to work: the user's config must be fixed
-            return EpochOutcome(exc, None, hw)
+            return EpochOutcome(exc, None, hw, settings)
         ctx.logger.info("epoch %d: %d servers healthy after %.1f s", epoch, len(handles), took)
         if ctx.totals.cycles:
             ctx.totals.cycles[-1].next_fleet_up(took)
-        result, hw = _serve(settings, state, ctx, tuner, epoch, handles, took)
-        return EpochOutcome(None, result, hw)
+        result, hw = _serve(live, state, ctx, tuner, epoch, fleet, took)
+        return EpochOutcome(None, result, hw, live.settings)
     finally:
-        _stop(settings, ctx, handles, uploader)
+        _stop(settings, ctx, fleet.handles() if fleet else [], uploader)
 
 
-def _serve(settings: JobSettings, state: JobState, ctx: JobContext, tuner: TunerState,
-           epoch: int, handles: list[ServerHandle], startup_s: float,
+def _serve(live: LiveConfig, state: JobState, ctx: JobContext, tuner: TunerState,
+           epoch: int, fleet: RollingFleet, startup_s: float,
            ) -> tuple[WatchResult, Hardware]:
-    caps = measure_capacity(handles, settings.api_key)
+    settings = live.settings
+    caps = measure_capacity(fleet.handles(), settings.api_key)
+    fleet.caps = {c.index: c for c in caps}
     ctx.totals.capacities = caps
     ctx.totals.caps_by_epoch[epoch] = {f"server-{c.index}": c.max_running_requests
                                        for c in caps}
@@ -99,11 +110,14 @@ def _serve(settings: JobSettings, state: JobState, ctx: JobContext, tuner: Tuner
     if note:
         ctx.logger.info(note)
     ctx.monitor.watch({f"server-{c.index}": c.url for c in caps}, epoch)
-    watch = _watch(settings, hw, plan, caps, ctx, tuner, state, startup_s)
+    watch = _watch(live, hw, plan, caps, ctx, tuner, state, startup_s)
+    watch.on_proposal = canary_handler(live, fleet, ctx, tuner, hw, epoch, fleet.abort,
+                                       lambda: watch)
     watch.start()
     try:
-        stats = generate_shards(settings, state, caps, ctx.progress, watch.stop)
+        stats = generate_shards(settings, state, caps, ctx.progress, watch.stop, fleet.control)
     finally:
+        fleet.abort.set()  # a canary cycle in progress gives up; no server starts after this
         result = watch.close()
     if not result.triggered and result.last_check:
         ctx.logger.info("epoch %d kept its config; last check: %s", epoch, result.last_check)
@@ -126,23 +140,27 @@ def _stop(settings: JobSettings, ctx: JobContext, handles: list[ServerHandle],
                            uploader.failures)
 
 
-def _watch(settings: JobSettings, hw: Hardware, plan: MemoryPlan | None, caps: list[Capacity],
+def _watch(live: LiveConfig, hw: Hardware, plan: MemoryPlan | None, caps: list[Capacity],
            ctx: JobContext, tuner: TunerState, state: JobState,
            startup_s: float) -> RegressionWatch:
+    settings = live.settings
     tuning = settings.tuning
-    concurrency = settings.client.concurrency_per_server
-    tried = ctx.ledger.tried() | {config_key(settings.server, concurrency)}
-    # The memory model plans whole GPUs: with several servers per GPU its predictions
-    # would be for memory no server has.
+    # The memory model plans whole GPUs: with several servers per GPU only moves that keep
+    # each server's pools as pinned (max_total_tokens, max_mamba_cache_size) are planned.
+    shared = settings.servers_per_gpu > 1
     enabled = (tuning.enabled and tuner.restarts < tuning.max_restarts
                and len(state.pending) > 2 * len(caps) and hw.model is not None
-               and settings.servers_per_gpu == 1)
+               and (not shared or pools_pinned(settings.server, hw.model.hybrid)))
 
     def can_propose(diag: Any, min_gain: float) -> Any:
         if hw.model is None or hw.gpu is None or hw.version is None:
             return None
-        return propose(diag, settings.server, concurrency, hw.model, hw.gpu, hw.version, tried,
-                       tuner.mem_ceiling, tuning.avg_context, min_gain, tuning.allow_lossy)
+        now = live.settings
+        concurrency = now.client.concurrency_per_server
+        tried = ctx.ledger.tried() | {config_key(now.server, concurrency)}
+        return propose(diag, now.server, concurrency, hw.model, hw.gpu, hw.version, tried,
+                       tuner.mem_ceiling, tuning.avg_context, min_gain, tuning.allow_lossy,
+                       pinned=shared)
 
     # Work left when this epoch started, in prompts; what is done since comes off it.
     totals = ctx.totals

@@ -29,6 +29,7 @@ from infra.processes import ephemeral_port_warning
 from infra.prompts import validate_input
 from infra.settings import NULL, JobSettings, load_settings
 from infra.sglang.planner import MAX_MEM_FRACTION
+from infra.sglang.profiles import model_profile
 from infra.storage import Destination, open_destination
 from tasks.capacity import capacity_note
 from tasks.engines import engine_for
@@ -42,6 +43,7 @@ from tasks.servers import (
 from tasks.shards import JobState, plan_shards
 from tasks.tuning.decide import NextConfig, restart_on_regression
 from tasks.tuning.ledger import TuningLedger, config_key
+from tasks.tuning.policy import pools_pinned
 from tasks.upload import restore_from, upload
 
 
@@ -78,10 +80,20 @@ def preflight(settings: JobSettings, check_input: bool = True) -> list[str]:
     specs = build_launch_specs(settings, settings.local_output())
     engine_for(settings).check_before_start(settings)
     warnings = [w for w in [ephemeral_port_warning([s.port for s in specs])] if w]
-    if settings.servers_per_gpu > 1 and settings.tuning.enabled:
-        warnings.append(f"servers_per_gpu={settings.servers_per_gpu}: restart-on-regression "
-                        "is off, because the memory model plans whole GPUs")
+    if (settings.servers_per_gpu > 1 and settings.tuning.enabled
+            and not pools_pinned(settings.server, _is_hybrid(settings))):
+        warnings.append(f"servers_per_gpu={settings.servers_per_gpu}: tuning is off, because "
+                        "the memory model plans whole GPUs; pin each server's pools "
+                        "(server.max_total_tokens, and server.max_mamba_cache_size on a hybrid "
+                        "model) to let it try moves that keep them")
     return warnings
+
+
+def _is_hybrid(settings: JobSettings) -> bool:
+    try:
+        return model_profile(settings.model, settings.weights_gib).hybrid
+    except ValueError:
+        return True  # unknown: ask for both pins
 
 
 def _stop_fleet_hook(flow_: Any, flow_run: Any, state: Any) -> None:
@@ -189,6 +201,7 @@ def _run_epochs(settings: JobSettings, state: JobState, ctx: JobContext,
     while state.pending:
         epoch += 1
         outcome = run_epoch(settings, state, ctx, tuner, epoch)
+        settings = outcome.settings  # a rollout during the epoch may have changed it
         decision = _decide(settings, outcome, ctx, tuner, epoch)
         state = _pending_state(settings, ctx.out, shards)
         if decision is not None and state.pending:

@@ -42,13 +42,15 @@ class Cycle:
     triggered_at: float | None = None  # time.monotonic() of the trigger; not reported
     cycle_seconds: float | None = None  # trigger → the next fleet healthy
     startup_seconds: float | None = None  # the next fleet's start alone
+    kind: str = "fleet"  # "fleet": stop all, relaunch; "canary": k servers first, then rolled
+    canary: dict[str, Any] | None = None  # CanaryCycle.record() of a canary cycle
 
     def record(self) -> dict[str, Any]:
         """As the summary, the report and the tuning-ledger artifact show it."""
         out = asdict(self)
         out.pop("triggered_at")
         return {k: v for k, v in out.items()
-                if v is not None or k not in ("cycle_seconds", "startup_seconds")}
+                if v is not None or k not in ("cycle_seconds", "startup_seconds", "canary")}
 
     def next_fleet_up(self, startup_s: float) -> None:
         if self.triggered_at is not None:

@@ -64,11 +64,24 @@ def summary_lines(summary: RunSummary | dict[str, Any]) -> list[str]:
                      f"{'/'.join(map(str, caps))} each")
     if s.capacity_note:
         lines.append(f"capacity: {s.capacity_note}")
-    lines.append(f"restarts: {s.restarts}" + "".join(
-        f"; epoch {c['epoch']}: {c['diagnosis']} → {c.get('new_flags', {}).get('mamba_strategy')}"
-        for c in s.cycles))
+    lines.append(f"tuning cycles: {s.restarts}" + "".join(f"; {cycle_line(c)}" for c in s.cycles))
     lines.append(f"output folder: {s.output}")
     return lines
+
+
+def cycle_line(c: dict[str, Any]) -> str:
+    """One cycle in a few words: what was seen, what was tried, how it ended."""
+    head = f"epoch {c['epoch']}: {c['diagnosis']}"
+    canary = c.get("canary")
+    if not canary:
+        return f"{head} → fleet restarted with {c.get('new_flags', {}).get('mamba_strategy')}"
+    gain = canary.get("measured_gain")
+    measured = f", measured {gain:.2f}×" if gain else ""
+    predicted = canary.get("predicted_gain")
+    promised = f" (predicted {predicted:.2f}×)" if predicted else ""
+    return (f"{head} → canary on {', '.join(canary['canary_servers'])} "
+            f"{canary['outcome'].replace('_', ' ')}{measured}{promised}, "
+            f"{canary['server_restarts']} server restarts")
 
 
 def format_summary(summary: RunSummary | dict[str, Any]) -> str:

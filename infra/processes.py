@@ -160,6 +160,10 @@ class ProcessRegistry:
     def add(self, record: ProcessRecord) -> None:
         self.save([*self.load(), record])
 
+    def remove(self, record: ProcessRecord) -> None:
+        """Forget one server (stopped alone, by a rolling restart); the others stay listed."""
+        self.save([r for r in self.load() if r != record])
+
     def clear(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()

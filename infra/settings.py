@@ -106,6 +106,13 @@ class TuningSettings(BaseModel):
         "shards that can still complete may finish (the rest are redone after)")
     allow_lossy: bool = Field(False, description="let the tuner change numerics (bf16 SSM "
                               "state, fp8 KV): faster, but outputs change")
+    canary_servers: int = Field(
+        1, ge=0, le=64, description="try a candidate config on this many servers while the "
+        "rest keep generating, then roll it out one server at a time or roll it back; 0, or "
+        "a fleet of one server: stop and restart the whole fleet instead")
+    canary_min_gain: float = Field(
+        1.03, ge=1.0, description="roll a candidate out only when the canary servers beat "
+        "the others by this factor over the same window")
 
 
 class JobSettings(BaseSettings):

@@ -26,6 +26,17 @@ from typing import Any
 import httpx
 
 from infra.sglang.client import auth_headers, tls_context
+from tasks.requests import DispatchOptions, MalformedAnswer, build_request, parse_response
+
+__all__ = [
+    "DispatchOptions",
+    "DispatchStats",
+    "Dispatcher",
+    "Endpoint",
+    "FleetDown",
+    "build_request",
+    "parse_response",
+]
 
 DEAD_AFTER_CONNECT_FAILURES = 3
 POOL_CONNECTIONS = 16  # workers per httpx client; each worker holds at most one connection
@@ -41,16 +52,6 @@ class Endpoint:
     url: str
     limit: int
     config: str  # server-config fingerprint recorded with each completion
-
-
-@dataclass(frozen=True)
-class DispatchOptions:
-    model: str
-    api_key: str | None
-    sampling: dict[str, Any]
-    request_timeout_s: float
-    max_attempts: int
-    backoff_s: float
 
 
 @dataclass
@@ -99,59 +100,6 @@ class DispatchStats:
 CommitFn = Callable[[int, list[dict[str, Any]], list[dict[str, Any]]], Awaitable[None]]
 
 
-def build_request(row: dict[str, Any], opts: DispatchOptions) -> tuple[str, dict[str, Any]]:
-    """(path, JSON body) for one input row; per-row sampling columns override job defaults."""
-    sampling = dict(opts.sampling)
-    for key in ("max_new_tokens", "temperature", "top_p", "seed"):
-        if row.get(key) is not None:
-            sampling[key] = row[key]
-    if "messages" in row and row.get("messages") is not None:
-        body: dict[str, Any] = {
-            "model": opts.model, "messages": row["messages"],
-            "max_tokens": sampling["max_new_tokens"], "temperature": sampling["temperature"],
-            "top_p": sampling["top_p"],
-        }
-        if sampling.get("seed") is not None:
-            body["seed"] = sampling["seed"]
-        if sampling.get("ignore_eos"):
-            body["ignore_eos"] = True
-        return "/v1/chat/completions", body
-    params = {k: sampling[k] for k in ("max_new_tokens", "temperature", "top_p")}
-    if sampling.get("seed") is not None:
-        params["sampling_seed"] = sampling["seed"]
-    if sampling.get("ignore_eos"):
-        params["ignore_eos"] = True
-    if row.get("input_ids") is not None:
-        return "/generate", {"input_ids": list(row["input_ids"]), "sampling_params": params}
-    return "/generate", {"text": row["prompt"], "sampling_params": params}
-
-
-def parse_response(path: str, body: Any) -> dict[str, Any]:
-    """Completion fields from a /generate or OpenAI chat answer; raises on a malformed body."""
-    try:
-        if path == "/generate":
-            meta = body["meta_info"]
-            reason = meta.get("finish_reason") or {}
-            tokens_only = "text" not in body  # --skip-tokenizer-init answers with ids only
-            return {
-                "completion": None if tokens_only else str(body["text"]),
-                **({"output_ids": [int(t) for t in body["output_ids"]]} if tokens_only else {}),
-                "finish_reason": reason.get("type") if isinstance(reason, dict) else str(reason),
-                "prompt_tokens": int(meta["prompt_tokens"]),
-                "completion_tokens": int(meta["completion_tokens"]),
-            }
-        choice = body["choices"][0]
-        usage = body["usage"]
-        return {
-            "completion": str(choice["message"]["content"]),
-            "finish_reason": str(choice.get("finish_reason")),
-            "prompt_tokens": int(usage["prompt_tokens"]),
-            "completion_tokens": int(usage["completion_tokens"]),
-        }
-    except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise _Transient(f"malformed answer from server ({type(exc).__name__}: {exc})") from exc
-
-
 class Dispatcher:
     """Runs pending shards through the fleet and commits each shard when it is complete."""
 
@@ -173,8 +121,17 @@ class Dispatcher:
         self._queued: dict[int, int] = {}  # prompts of each shard still waiting in the queue
         self._fatal: FleetDown | None = None
         self._rng = random.Random()
+        # Servers can leave and join while the run goes on (canary, rolling restart): a
+        # retired server takes no new prompt; a re-added one gets fresh workers, and the old
+        # workers of that name see a newer generation and exit.
+        self._retired: set[str] = set()
+        self._generation: dict[str, int] = {e.name: 0 for e in endpoints}
+        self._in_flight_by: dict[str, int] = {}
+        self._workers: list[asyncio.Task[None]] = []
+        self._stack: contextlib.AsyncExitStack | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
 
-    def _clients(self) -> list[tuple[Endpoint, httpx.AsyncClient]]:
+    def _clients(self, endpoints: list[Endpoint]) -> list[tuple[Endpoint, httpx.AsyncClient]]:
         """One (endpoint, client) per worker; a client serves at most POOL_CONNECTIONS workers
         of one server, so its pool never queues and its bookkeeping stays small."""
         limits = httpx.Limits(max_connections=POOL_CONNECTIONS,
@@ -183,7 +140,7 @@ class Dispatcher:
         headers = auth_headers(self.opts.api_key)
         slots: list[tuple[Endpoint, httpx.AsyncClient]] = []
         client: httpx.AsyncClient | None = None
-        for ep in self.endpoints:
+        for ep in endpoints:
             for i in range(ep.limit):
                 if client is None or i % POOL_CONNECTIONS == 0:
                     client = httpx.AsyncClient(limits=limits, timeout=timeout, verify=tls_context(),
@@ -191,14 +148,28 @@ class Dispatcher:
                 slots.append((ep, client))
         return slots
 
+    async def _start_workers(self, endpoints: list[Endpoint]) -> None:
+        assert self._stack is not None
+        slots = self._clients(endpoints)
+        for client in {id(c): c for _, c in slots}.values():
+            await self._stack.enter_async_context(client)
+        for ep, client in slots:
+            gen = self._generation[ep.name]
+            self._workers.append(asyncio.create_task(self._worker(ep, client, gen)))
+
+    def _live(self) -> list[Endpoint]:
+        return [e for e in self.endpoints if e.name not in self._dead | self._retired]
+
+    def _window(self) -> int:
+        """Prompts to keep queued: twice what the live fleet takes at once."""
+        return max(2 * sum(e.limit for e in self._live()), 64)
+
     async def run(self, shards: Iterator[tuple[int, list[dict[str, Any]]]]) -> DispatchStats:
-        capacity = sum(e.limit for e in self.endpoints)
-        slots = self._clients()
+        self.loop = asyncio.get_running_loop()
         async with contextlib.AsyncExitStack() as stack:
-            for client in {id(c): c for _, c in slots}.values():
-                await stack.enter_async_context(client)
-            feeder = asyncio.create_task(self._feed(shards, window=max(2 * capacity, 64)))
-            workers = [asyncio.create_task(self._worker(ep, client)) for ep, client in slots]
+            self._stack = stack
+            await self._start_workers(self.endpoints)
+            feeder = asyncio.create_task(self._feed(shards))
             try:
                 while not feeder.done():
                     if self._fatal is not None:
@@ -217,11 +188,31 @@ class Dispatcher:
                 if self.stop.is_set():
                     await self._drain(self.drain_timeout_s)
             finally:
-                for task in workers:
+                for task in self._workers:
                     task.cancel()
-                await asyncio.gather(*workers, return_exceptions=True)
+                await asyncio.gather(*self._workers, return_exceptions=True)
                 feeder.cancel()
+                self._stack = None
         return self.stats
+
+    # --- servers leaving and joining (called on the loop; FleetControl is the thread-safe
+    # face) --------------------------------------------------------------------------------
+
+    def retire(self, name: str) -> None:
+        """Send `name` no new prompt; what it runs finishes (or fails over when it stops)."""
+        self._retired.add(name)
+
+    async def join(self, endpoint: Endpoint) -> None:
+        """(Re)admit a server — a restarted one, possibly with a new limit."""
+        self._generation[endpoint.name] = self._generation.get(endpoint.name, -1) + 1
+        self.endpoints = [e for e in self.endpoints if e.name != endpoint.name] + [endpoint]
+        self._retired.discard(endpoint.name)
+        self._dead.discard(endpoint.name)
+        self._connect_failures[endpoint.name] = 0
+        await self._start_workers([endpoint])
+
+    def in_flight_on(self, name: str) -> int:
+        return self._in_flight_by.get(name, 0)
 
     async def _drain(self, timeout_s: float = 60.0) -> None:
         """Stop taking work; give in-flight requests a bounded time to finish — but only while
@@ -233,10 +224,9 @@ class Dispatcher:
                 return
             await asyncio.sleep(0.02)
 
-    async def _feed(self, shards: Iterator[tuple[int, list[dict[str, Any]]]],
-                    window: int) -> None:
+    async def _feed(self, shards: Iterator[tuple[int, list[dict[str, Any]]]]) -> None:
         for shard_id, rows in shards:
-            while self._queue.qsize() >= window and not self.stop.is_set():
+            while self._queue.qsize() >= self._window() and not self.stop.is_set():
                 await asyncio.sleep(0.005)
                 if len(self._dead) == len(self.endpoints):
                     return
@@ -248,19 +238,21 @@ class Dispatcher:
             if not rows:
                 await self._finish(shard_id)
 
-    async def _worker(self, ep: Endpoint, client: httpx.AsyncClient) -> None:
-        while ep.name not in self._dead:
+    def _serves(self, ep: Endpoint, generation: int) -> bool:
+        return (ep.name not in self._dead and ep.name not in self._retired
+                and self._generation.get(ep.name) == generation)
+
+    async def _worker(self, ep: Endpoint, client: httpx.AsyncClient, generation: int) -> None:
+        while self._serves(ep, generation):
             if self.stop.is_set():
                 return
             item = await self._queue.get()
             self._queued[item.shard] -= 1
-            if self.stop.is_set():
-                self._put(item)
-                return
-            if ep.name in self._dead:  # died while we waited: hand the prompt to another
-                self._put(item)
+            if self.stop.is_set() or not self._serves(ep, generation):
+                self._put(item)  # stopped, died or left while we waited: hand it on
                 return
             self._in_flight += 1
+            self._in_flight_by[ep.name] = self._in_flight_by.get(ep.name, 0) + 1
             try:
                 await self._handle(ep, client, item)
             except FleetDown as exc:
@@ -268,6 +260,7 @@ class Dispatcher:
                 return
             finally:
                 self._in_flight -= 1
+                self._in_flight_by[ep.name] -= 1
 
     async def _handle(self, ep: Endpoint, client: httpx.AsyncClient, item: _Item) -> None:
         path, body = build_request(item.row, self.opts)
@@ -325,10 +318,11 @@ class Dispatcher:
         if resp.status_code >= 400:
             raise _Permanent(f"HTTP {resp.status_code}: {_error_message(resp)}")
         try:
-            data = resp.json()
+            return parse_response(path, resp.json())
         except ValueError as exc:
             raise _Transient(f"{ep.name}: answer is not JSON") from exc
-        return parse_response(path, data)
+        except MalformedAnswer as exc:
+            raise _Transient(f"{ep.name}: {exc}") from exc
 
     async def _record_error(self, item: _Item, reason: str) -> None:
         shard = self._shards[item.shard]

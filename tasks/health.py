@@ -6,6 +6,7 @@ A server whose process exits during startup is reported at once with the tail of
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -38,8 +39,13 @@ def log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+class StartAborted(ServerStartFailed):
+    """The wait was called off (the epoch is ending); the server is stopped with the fleet."""
+
+
 def wait_until_healthy(handles: list[ServerHandle], api_key: str | None,
-                       timeout_s: float, poll_s: float = 0.25) -> float:
+                       timeout_s: float, poll_s: float = 0.25,
+                       abort: threading.Event | None = None) -> float:
     """Block until all are healthy; return the seconds it took. Raise ServerStartFailed."""
     started = time.monotonic()
     deadline = started + timeout_s
@@ -56,6 +62,9 @@ def wait_until_healthy(handles: list[ServerHandle], api_key: str | None,
                 discard(secret_file_of(handle.record.argv))  # parsed at startup; not needed
         if not pending:
             break
+        if abort is not None and abort.is_set():
+            raise StartAborted(f"stopped waiting for {pending[0].url}: the epoch is ending",
+                               pending[0], "")
         if time.monotonic() > deadline:
             first = pending[0]
             tail = log_tail(first.log_path)

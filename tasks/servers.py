@@ -104,19 +104,35 @@ def launch_fleet(specs: list[LaunchSpec], registry: ProcessRegistry,
     handles: list[ServerHandle] = []
     try:
         for spec in specs:
-            argv, secret_file = hide_secrets(spec.argv, spec.secrets)
-            try:
-                _proc, record = spawn(argv, spec.env, spec.log_path, spec.port, spec.host)
-            except OSError:
-                discard(secret_file)
-                raise
-            registry.add(record)
-            handles.append(ServerHandle(spec.index, spec.gpu, spec.url, str(spec.log_path),
-                                        record, config))
+            handles.append(launch_one(spec, registry, config))
     except OSError as exc:
         stop_fleet(handles, registry, grace_s)
         raise LaunchError(f"could not start server: {exc}") from exc
     return handles
+
+
+def launch_one(spec: LaunchSpec, registry: ProcessRegistry, config: str) -> ServerHandle:
+    """Start one server and list it in the registry (its secrets go through a 0600 file)."""
+    argv, secret_file = hide_secrets(spec.argv, spec.secrets)
+    try:
+        _proc, record = spawn(argv, spec.env, spec.log_path, spec.port, spec.host)
+    except OSError:
+        discard(secret_file)
+        raise
+    registry.add(record)
+    return ServerHandle(spec.index, spec.gpu, spec.url, str(spec.log_path), record, config)
+
+
+def stop_one(handle: ServerHandle, registry: ProcessRegistry, grace_s: float,
+             secrets: tuple[str, ...] = ()) -> list[int]:
+    """Stop one server of a running fleet (the rest keep serving); returns its port if it is
+    still busy after the stop."""
+    terminate([handle.record], grace_s)
+    discard(secret_file_of(handle.record.argv))
+    registry.remove(handle.record)
+    busy = wait_ports_free(handle.record.host, [handle.record.port], 10.0)
+    redact_logs([Path(handle.log_path)], secrets)
+    return busy
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from infra.prompts import iter_rows, validate_input
 from infra.settings import JobSettings
 from tasks.capacity import Capacity, client_limit
 from tasks.dispatch import Dispatcher, DispatchOptions, DispatchStats, Endpoint
+from tasks.fleet_control import FleetControl
 
 
 @dataclass(frozen=True)
@@ -72,17 +73,20 @@ def iter_pending_shards(plan: ShardPlan, pending: list[int],
 OnCommit = Callable[[ManifestEntry], None]
 
 
+def endpoint_of(settings: JobSettings, cap: Capacity) -> Endpoint:
+    """How the dispatcher sees one server: its name, URL, in-flight limit and config."""
+    return Endpoint(name=f"server-{cap.index}", url=cap.url,
+                    limit=client_limit(cap, settings.client.concurrency_per_server,
+                                       settings.client.queue_target), config=cap.config)
+
+
 def generate_pending(settings: JobSettings, state: JobState, capacities: list[Capacity],
                      on_commit: OnCommit | None = None,
-                     stop: threading.Event | None = None) -> DispatchStats:
+                     stop: threading.Event | None = None,
+                     control: FleetControl | None = None) -> DispatchStats:
     """Dispatch every pending shard across the fleet; commit shards as they complete."""
     ledger = Ledger(Path(state.output))
-    endpoints = [
-        Endpoint(name=f"server-{c.index}", url=c.url,
-                 limit=client_limit(c, settings.client.concurrency_per_server,
-                                    settings.client.queue_target), config=c.config)
-        for c in capacities
-    ]
+    endpoints = [endpoint_of(settings, c) for c in capacities]
     s = settings.sampling
     opts = DispatchOptions(
         model=settings.model,
@@ -98,7 +102,9 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
                      errors: list[dict[str, Any]]) -> None:
         entry = await asyncio.to_thread(ledger.commit_shard, state.plan, shard, rows, errors)
         if on_commit is not None:
-            on_commit(entry)
+            # Off the loop: Prefect's artifact calls turn into coroutines (never awaited, so
+            # the progress bar never moved) when called from inside a running event loop.
+            await asyncio.to_thread(on_commit, entry)
 
     async def main() -> DispatchStats:
         stop_event = asyncio.Event()
@@ -111,9 +117,13 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
                     await asyncio.sleep(0.05)
                 stop_event.set()
             watcher = asyncio.create_task(watch())
+        if control is not None:
+            control.bind(dispatcher)
         try:
             return await dispatcher.run(iter_pending_shards(state.plan, state.pending))
         finally:
+            if control is not None:
+                control.unbind()
             if watcher is not None:
                 watcher.cancel()
 
@@ -128,5 +138,6 @@ def plan_shards(prompts: str, output: str, shard_size: int) -> JobState:
 @task(name="generate_shards", cache_policy=NO_CACHE, retries=0)
 def generate_shards(settings: JobSettings, state: JobState, capacities: list[Capacity],
                     on_commit: OnCommit | None = None,
-                    stop: threading.Event | None = None) -> DispatchStats:
-    return generate_pending(settings, state, capacities, on_commit, stop)
+                    stop: threading.Event | None = None,
+                    control: FleetControl | None = None) -> DispatchStats:
+    return generate_pending(settings, state, capacities, on_commit, stop, control)

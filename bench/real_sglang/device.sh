@@ -8,7 +8,10 @@
 #                                      the live contract tests against it (input_ids)
 #   e2e ROWS   carry [".real-sglang"]  the restart cycle: job_27b_restart.toml, ROWS prompts
 #   fleet      carry [".real-sglang"]  the tiny model alone (OpenAI answers, live contract
-#                                      tests with text), then 3 servers on the one GPU
+#                                      tests with text and with the `openai` client), then 3
+#                                      servers on the one GPU
+#   canary N   carry [".real-sglang"]  a canary cycle on 3 tiny servers sharing the GPU
+#                                      (job_tiny_canary.toml, N prompts)
 # Results go to $OUT (at most 8 files come back): logs and tars of the output folders.
 set -uo pipefail
 D=/tmp/expdeps; ROOT=$PWD; RT=/tmp/real-sglang-rt
@@ -76,6 +79,9 @@ fleet)
   wait_health http://127.0.0.1:30100 300; echo "tiny healthy after $(( $(date +%s)-t0 )) s" | tee $OUT/tiny.txt
   PYTHONPATH=$D:$ROOT python3 bench/real_sglang/capture_answers.py http://127.0.0.1:30100 $M $OUT/tiny-answers.json
   live_contract http://127.0.0.1:30100 /tmp/tiny.log 0 tiny
+  # the official client against real SGLang (openai comes with SGLang's runtime)
+  EXPANSION_CONTRACT_URL=http://127.0.0.1:30100 PYTHONPATH=$D:$ROOT:$RT/site python3 -m pytest \
+    -q -p no:cacheprovider tests/contract/test_openai_client.py 2>&1 | tee "$OUT/contract-openai-tiny.log"
   stop_server $pid; cp /tmp/tiny.log $OUT/tiny.server.log
   python3 - <<'PY' > /tmp/tiny.jsonl
 import json
@@ -87,5 +93,17 @@ PY
     --prompts /tmp/tiny.jsonl --output /tmp/fleet --set python=/tmp/sglpy 2>&1 | tee $OUT/fleet.log
   tar -czf $OUT/fleet-output.tar.gz -C /tmp fleet
   ;;
-*) echo "usage: device.sh deps|warm|e2e ROWS|fleet"; exit 2;;
+canary)
+  need_deps
+  python3 - "${2:-12000}" <<'PY' > /tmp/tiny-canary.jsonl
+import json, sys
+for i in range(int(sys.argv[1])):
+    print(json.dumps({"id": i, "prompt": f"Write a short note number {i} about state caches."}))
+PY
+  rm -rf /tmp/canary
+  PYTHONPATH=$D:$ROOT timeout 560 python3 -m expansion.cli run --config bench/real_sglang/job_tiny_canary.toml \
+    --prompts /tmp/tiny-canary.jsonl --output /tmp/canary --set python=/tmp/sglpy "${@:3}" 2>&1 | tee $OUT/canary.log
+  nvidia-smi > $OUT/nvidia-smi-after-canary.txt 2>&1; tar -czf $OUT/canary-output.tar.gz -C /tmp canary
+  ;;
+*) echo "usage: device.sh deps|warm|e2e ROWS|fleet|canary ROWS"; exit 2;;
 esac

@@ -78,6 +78,10 @@ def candidate_flags(model: ModelProfile, flags: ServerFlags, current: MemoryPlan
         out.append(("MTP on (EAGLE 3/1)", flags.with_changes(
             speculative_algorithm="EAGLE", speculative_num_steps=3, speculative_eagle_topk=1,
             mamba_strategy="extra_buffer" if model.hybrid else flags.mamba_strategy)))
+    if current is not None and current.binding_limit == "requested":
+        room = min(c for c in (current.mamba_cap, current.token_cap) if c is not None)
+        out.append((f"max_running_requests {flags.max_running_requests}→{room} (what the "
+                    "pools hold)", flags.with_changes(max_running_requests=room)))
     if model.hybrid:
         out.append(("seed-000 move: no_buffer, mem 0.90, MRR 128", flags.with_changes(
             mamba_strategy="no_buffer", mem_fraction_static=max(m, 0.90),

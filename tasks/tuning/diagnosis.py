@@ -7,6 +7,7 @@ Also the adapters that let `expansion diagnose` reason about a live server or a 
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from dataclasses import dataclass, field
 from typing import Literal
@@ -15,8 +16,8 @@ from infra.sglang.flags import ServerFlags
 from infra.sglang.memory import MemoryPlan, slot_ratio
 from tasks.monitor import Sample
 
-Kind = Literal["mamba-bound", "kv-bound", "client-bound", "compute-bound", "unhealthy",
-               "asymmetric", "idle"]
+Kind = Literal["mamba-bound", "kv-bound", "request-capped", "client-bound", "compute-bound",
+               "unhealthy", "asymmetric", "idle"]
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,21 @@ def _rate(rows: list[Sample], time_scale: float) -> float:
     for the counter, which moves in bursts as requests finish."""
     counters = [(r.t, r.generation_tokens_total) for r in rows
                 if r.generation_tokens_total is not None]
-    if len(counters) >= MIN_COUNTER_SAMPLES and counters[-1][1] > counters[0][1]:
-        return ((counters[-1][1] - counters[0][1]) / (counters[-1][0] - counters[0][0])
-                / time_scale)
+    if len(counters) >= MIN_COUNTER_SAMPLES and counters[-1][0] > counters[0][0]:
+        tokens = counted_tokens([c for _, c in counters])
+        if tokens > 0:
+            return tokens / (counters[-1][0] - counters[0][0]) / time_scale
     gauges = [r.gen_throughput for r in rows if r.gen_throughput is not None]
     return statistics.fmean(gauges) if gauges else 0.0
+
+
+def counted_tokens(counter: list[float]) -> float:
+    """Tokens a counter series counted: a drop means the server restarted (a canary, a
+    rolling restart) and its counter began again at zero."""
+    total = 0.0
+    for before, after in itertools.pairwise(counter):
+        total += after - before if after >= before else after
+    return total
 
 
 # Samples of the token counter a window needs before its rate stands for the window.
@@ -156,6 +167,15 @@ def diagnose(windows: list[ServerWindow], caps: dict[str, int],
                    "slots each request reserves")
         return Diagnosis("mamba-bound", f"{usage}: the cap comes from the mamba pool "
                          f"({plan.how()}) while KV sits mostly empty{low}", per_gpu, windows)
+    # Requests turn over fast under a small cap: the running count dips below it between
+    # admissions (real SGLang, tiny model, cap 32: 26.6 running with 2.6 queued).
+    pressed = at_cap or (queued >= 1 and running >= 0.75 * cap)
+    if pressed and isinstance(pools, MemoryPlan) and pools.binding_limit == "requested":
+        room = min(c for c in (pools.mamba_cap, pools.token_cap) if c is not None)
+        if room > 1.2 * cap:
+            return Diagnosis("request-capped", f"{usage}: the cap is the requested "
+                             f"max_running_requests ({pools.requested_running_requests}); the "
+                             f"pools hold {room}", per_gpu, windows)
     if (kv or 0) >= 0.85 or (plan is not None and plan.binding_limit == "kv" and at_cap):
         return Diagnosis("kv-bound", f"{usage}: the KV pool is the limit", per_gpu, windows)
     return Diagnosis("compute-bound", f"{usage}: at the cap with pool headroom; more memory "

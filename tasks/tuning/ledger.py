@@ -14,6 +14,8 @@ from typing import Literal
 from infra.files import read_jsonl
 from infra.sglang.flags import ServerFlags
 
+LedgerOutcome = Literal["measured", "failed", "rolled_back"]
+
 
 @dataclass(frozen=True)
 class LedgerEntry:
@@ -21,7 +23,7 @@ class LedgerEntry:
     flags: dict[str, object]
     fingerprint: str
     concurrency: int | None
-    outcome: Literal["measured", "failed", "rolled_back"]
+    outcome: LedgerOutcome
     tok_s_per_gpu: float | None
     predicted_tok_s_per_gpu: float | None
     reason: str

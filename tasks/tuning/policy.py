@@ -22,6 +22,7 @@ class Proposal:
     concurrency: int | None  # None: each server's cap + queue_target
     predicted_tok_s_per_gpu: float | None
     reason: str
+    predicted_gain: float | None = None  # over the model's figure for the current config
 
 
 def _combined_moves(model: ModelProfile, flags: ServerFlags, plan: MemoryPlan | None,
@@ -50,22 +51,41 @@ def _combined_moves(model: ModelProfile, flags: ServerFlags, plan: MemoryPlan | 
     return out
 
 
+# What sizes a server's memory: on a GPU shared by several servers only moves that leave
+# these as they are can be planned (each server's pools are pinned by the user).
+MEMORY_FIELDS = ("mem_fraction_static", "max_total_tokens", "max_mamba_cache_size",
+                 "mamba_full_memory_ratio", "mamba_ssm_dtype", "kv_cache_dtype")
+
+
+def pools_pinned(flags: ServerFlags, hybrid: bool) -> bool:
+    """Whether each server's pools are fixed by flags rather than by the GPU's free memory."""
+    return flags.max_total_tokens is not None and (
+        not hybrid or flags.max_mamba_cache_size is not None)
+
+
+def keep_memory(candidate: ServerFlags, flags: ServerFlags) -> ServerFlags:
+    """The candidate's other levers with the current memory flags."""
+    return candidate.with_changes(**{f: getattr(flags, f) for f in MEMORY_FIELDS})
+
+
 def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
             model: ModelProfile, gpu: GpuProfile, version: SGLangVersion, tried: set[str],
             mem_ceiling: float = MAX_MEM_FRACTION, avg_context: float = 2048.0,
-            min_gain: float = 1.1, allow_lossy: bool = False) -> Proposal | None:
+            min_gain: float = 1.1, allow_lossy: bool = False,
+            pinned: bool = False) -> Proposal | None:
     """The next configuration to try, or None when nothing promises a gain.
 
     Never repeats a ledger entry; keeps mem_fraction_static under `mem_ceiling` (lowered
     after an OOM); keeps MTP unless the model predicts that dropping it wins; never changes
     numerics (SSM state or KV dtype) unless `allow_lossy` — a data-generation job should not
-    get different outputs because the tuner wanted speed."""
+    get different outputs because the tuner wanted speed. `pinned` (servers sharing a GPU):
+    only the levers that leave each server's memory as it is."""
     if diagnosis.kind == "client-bound":
         if concurrency is None or config_key(flags, None) in tried:
             return None  # already cap + queue: the fleet is just running out of work
         return Proposal(flags, None, None, "client-bound: set client concurrency to each "
                         "server's cap plus a small queue")
-    if diagnosis.kind not in ("mamba-bound", "kv-bound", "compute-bound"):
+    if diagnosis.kind not in ("mamba-bound", "kv-bound", "request-capped", "compute-bound"):
         return None
     try:
         current = plan_memory(model, gpu, flags, version)
@@ -74,6 +94,8 @@ def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
     baseline = (predict_tok_s(model, gpu, flags, current, avg_context) if current else 0.0)
     options = candidate_flags(model, flags, current) + _combined_moves(model, flags, current,
                                                                        mem_ceiling)
+    if pinned:
+        options = [(f"{label} (pools kept)", keep_memory(c, flags)) for label, c in options]
     best: tuple[float, str, ServerFlags] | None = None
     for label, candidate in options:
         if config_key(candidate, None) in tried or candidate == flags:
@@ -96,7 +118,8 @@ def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
     gain = tok_s / baseline if baseline else float("inf")
     return Proposal(chosen, None, tok_s,
                     f"{diagnosis.kind}: {label} — predicted {tok_s:,.0f} tok/s per GPU "
-                    f"({gain:.2f}× the model's figure for the current config)")
+                    f"({gain:.2f}× the model's figure for the current config)",
+                    gain if math.isfinite(gain) else None)
 
 
 # --- when to restart -------------------------------------------------------------------------

@@ -4,6 +4,7 @@ throughput under target) or roll back (slower than the best earlier config).
 
 from __future__ import annotations
 
+import contextvars
 import math
 import threading
 import time
@@ -39,7 +40,8 @@ class RegressionWatch:
                  baseline_tok_s_per_gpu: float | None,
                  can_propose: Callable[[Diagnosis, float], Proposal | None] | None,
                  enabled: bool,
-                 gain_needed: Callable[[Diagnosis], float] | None = None) -> None:
+                 gain_needed: Callable[[Diagnosis], float] | None = None,
+                 on_proposal: Callable[[Diagnosis, Proposal], bool] | None = None) -> None:
         self.monitor = monitor
         self.caps = caps
         self.plan = plan
@@ -50,12 +52,20 @@ class RegressionWatch:
         self.can_propose = can_propose  # (diagnosis, least gain) -> Proposal | None
         self.enabled = enabled
         self.gain_needed = gain_needed  # diagnosis -> least predicted gain worth a restart
+        # (diagnosis, proposal) -> True when it was handled without stopping the fleet (a
+        # canary cycle); False: stop the epoch for a whole-fleet restart.
+        self.on_proposal = on_proposal
+        self._proposal: Proposal | None = None
         self.stop = threading.Event()
         self.result = WatchResult()
         self._slow_checks = 0
-        self._done = threading.Event()
+        self._done = threading.Event()  # also the canary's abort: set when the epoch ends
         self._started = monitor.now()
-        self._thread = threading.Thread(target=self._run, name="regression-watch", daemon=True)
+        # With the flow run's context, so what a canary cycle logs and records (artifacts)
+        # belongs to the run.
+        self._thread = threading.Thread(target=contextvars.copy_context().run,
+                                        args=(self._run,), name="regression-watch",
+                                        daemon=True)
 
     def start(self) -> RegressionWatch:
         self._thread.start()
@@ -63,9 +73,10 @@ class RegressionWatch:
 
     def close(self) -> WatchResult:
         """Stop watching; the result's throughput is the median per-tick rate of the epoch
-        after warm-up (robust to the job's tail, when the fleet runs out of work)."""
+        after warm-up (robust to the job's tail, when the fleet runs out of work). Waits for
+        a canary cycle in progress to give up (its waits end when `_done` is set)."""
         self._done.set()
-        self._thread.join(timeout=10)
+        self._thread.join()
         if not self.result.triggered:
             self._measure()
         steady = steady_tok_s_per_gpu(self.monitor.snapshot(), self._started + self.window_s / 2,
@@ -83,13 +94,28 @@ class RegressionWatch:
         self.result.measured_tok_s_per_gpu = diag.tok_s_per_gpu if windows else None
         return diag
 
+    def reconfigured(self, caps: dict[str, int], plan: MemoryPlan | None,
+                     baseline_tok_s_per_gpu: float | None) -> None:
+        """The fleet changed config under the watch (a rollout): judge the new one afresh."""
+        self.caps, self.plan = caps, plan
+        self.baseline = baseline_tok_s_per_gpu
+        self._started = self.monitor.now()
+        self._slow_checks = 0
+
     def _run(self) -> None:
         first_check = self._started + 1.5 * self.window_s
         while not self._done.wait(min(1.0, self.window_s / 4)):
             if not self.enabled or self.monitor.now() < first_check:
                 continue
             diag = self._measure()
+            self._proposal = None
             reason = self._reason(diag)
+            if (reason and self._proposal is not None and self.on_proposal is not None
+                    and self.on_proposal(diag, self._proposal)):
+                # The cycle ran while the fleet generated; look again a window later.
+                first_check = self.monitor.now() + 1.5 * self.window_s
+                self.result.last_check = f"after a canary cycle on {diag.kind}: no check yet"
+                continue
             if reason:
                 self.result.triggered = True
                 self.result.triggered_at = time.monotonic()
@@ -114,6 +140,7 @@ class RegressionWatch:
         below = self.target is not None and tok < self.target
         proposal = (self.can_propose(diag, need)
                     if self.can_propose is not None and math.isfinite(need) else None)
+        self._proposal = proposal
         self.result.last_check = (
             f"{diag.kind} at {tok:,.0f} tok/s per GPU ({diag.evidence}); a restart had to "
             f"promise ≥ {need:.2f}× to pay for itself over the work left; "
@@ -122,7 +149,8 @@ class RegressionWatch:
         if below and proposal is not None:
             return (f"{tok:,.0f} tok/s per GPU is below the target {self.target:,.0f}; "
                     f"{diag.kind}: {diag.evidence}")
-        if proposal is not None and diag.kind in ("mamba-bound", "kv-bound", "client-bound"):
+        if proposal is not None and diag.kind in ("mamba-bound", "kv-bound", "request-capped",
+                                                  "client-bound"):
             return f"{diag.kind}: {diag.evidence}"
         return ""
 

@@ -60,6 +60,36 @@ def test_seed_000_finds_the_mamba_bottleneck_and_gains_2_4x(prefect_api: None,
     assert {k: v for k, v in summary["final_server_flags"].items() if k in final} == final
     report = (out / "report.md").read_text()
     assert "## Restarts" in report and "mamba-bound" in report
+    # Two servers: the move was tried on one while the other kept generating, then rolled.
+    cycle = summary["cycles"][0]
+    assert cycle["kind"] == "canary" and cycle["canary"]["outcome"] == "rolled_out", cycle
+    assert cycle["canary"]["server_restarts"] == 2
+    logs = sorted(p.name for p in (out / "servers").glob("*.log"))
+    assert "server-1-gpu1.canary.log" in logs and "server-0-gpu0.rollout.log" in logs
+
+
+@pytest.mark.slow
+def test_canary_that_loses_is_rolled_back_while_the_fleet_keeps_generating(
+        prefect_api: None, tmp_path: Path) -> None:
+    # A bar no move can clear: the canary must go back, the other three never stop.
+    summary, out = run(
+        tmp_path, 1500, 4, model="qwen3.6-27b-fp8", **{
+            "sim.gpu": "rtx-pro-6000", "sim.time_scale": 20.0,
+            "server.mamba_strategy": "extra_buffer", "client.concurrency_per_server": 32,
+            "sampling.max_new_tokens": 2048, "tuning.canary_min_gain": 50.0,
+            "tuning.max_restarts": 1})
+    (cycle,) = summary["cycles"]
+    canary = cycle["canary"]
+    assert canary["outcome"] == "rolled_back" and canary["server_restarts"] == 2, canary
+    assert canary["canary_servers"] == ["server-3"]
+    assert canary["measured_gain"] > 1.5  # it was faster, but not by the bar
+    assert canary["min_fleet_fraction"] is not None and canary["min_fleet_fraction"] > 0.5
+    assert summary["final_server_flags"]["mamba_strategy"] == "extra_buffer"
+    outcomes = [e.outcome for e in TuningLedger(out / "tuning.jsonl").entries()]
+    assert outcomes.count("rolled_back") == 1
+    assert all(s["max_running_requests"] == summary["servers"][0]["max_running_requests"]
+               for s in summary["servers"])  # every server back on the first config
+    assert not (out / "servers" / "registry.json").exists()  # all stopped at the end
 
 
 @pytest.mark.slow

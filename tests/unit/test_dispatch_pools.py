@@ -18,7 +18,7 @@ async def _noop(shard: int, rows: list, errors: list) -> None:
 def test_workers_are_spread_over_small_per_server_clients() -> None:
     endpoints = [Endpoint("a", "http://127.0.0.1:1", 40, "c"),
                  Endpoint("b", "http://127.0.0.1:2", 5, "c")]
-    slots = Dispatcher(endpoints, OPTS, _noop)._clients()
+    slots = Dispatcher(endpoints, OPTS, _noop)._clients(endpoints)
     try:
         assert [ep.name for ep, _ in slots].count("a") == 40
         assert [ep.name for ep, _ in slots].count("b") == 5

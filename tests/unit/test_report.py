@@ -72,7 +72,17 @@ def test_summary_says_which_clock() -> None:
     assert "time_scale 20" in sim and "10.0 tok/s" in sim  # 200 wall ÷ 20
     real = summary_lines(summary(1.0))
     assert not any("simulated" in line for line in real)
-    assert "restarts: 1; epoch 1: mamba-bound → no_buffer" in real
+    assert "tuning cycles: 1; epoch 1: mamba-bound → fleet restarted with no_buffer" in real
+
+
+def test_summary_says_how_a_canary_ended() -> None:
+    from flows.summary import cycle_line
+
+    line = cycle_line({"epoch": 1, "diagnosis": "request-capped", "canary": {
+        "canary_servers": ["server-2"], "outcome": "rolled_back", "measured_gain": 0.96,
+        "predicted_gain": 1.52, "server_restarts": 2}})
+    assert line == ("epoch 1: request-capped → canary on server-2 rolled back, measured 0.96× "
+                    "(predicted 1.52×), 2 server restarts")
 
 
 def test_lines_break_where_sampling_stopped() -> None:

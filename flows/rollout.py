@@ -1,0 +1,122 @@
+"""A canary cycle inside an epoch, and what it changes: the epoch's live configuration, the
+tuning ledger, the run's record of cycles and the watch's idea of the current config.
+
+The cycle itself (restart k servers, compare, roll out or back) is tasks/tuning/canary.py;
+this is the bookkeeping a flow run needs around it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from prefect.artifacts import create_table_artifact
+
+from flows.job import Cycle, Hardware
+from infra.settings import JobSettings
+from tasks.rolling import RollingFleet
+from tasks.tuning.canary import CanaryCycle, CanaryRun
+from tasks.tuning.diagnosis import Diagnosis
+from tasks.tuning.ledger import LedgerEntry, LedgerOutcome, config_key
+from tasks.tuning.policy import Proposal
+
+if TYPE_CHECKING:
+    from flows.epoch import JobContext, TunerState
+    from tasks.tuning.watch import RegressionWatch
+
+
+@dataclass
+class LiveConfig:
+    """The configuration the fleet runs now; a rollout changes it mid-epoch."""
+
+    settings: JobSettings
+
+
+def canary_possible(settings: JobSettings, servers: int) -> bool:
+    """A canary needs servers that keep the current config while it is tried."""
+    return 1 <= settings.tuning.canary_servers < servers
+
+
+def candidate_settings(current: JobSettings, proposal: Proposal) -> JobSettings:
+    return current.model_copy(update={
+        "server": proposal.flags,
+        "client": current.client.model_copy(
+            update={"concurrency_per_server": proposal.concurrency})})
+
+
+def canary_handler(live: LiveConfig, fleet: RollingFleet, ctx: JobContext, tuner: TunerState,
+                   hw: Hardware, epoch: int, abort: threading.Event,
+                   watch: Callable[[], RegressionWatch]) -> Callable[[Diagnosis, Proposal], bool]:
+    """The watch's `on_proposal`: run the cycle, record it, and tell the watch what runs."""
+
+    def handle(diag: Diagnosis, proposal: Proposal) -> bool:
+        current = live.settings
+        if not canary_possible(current, len(fleet.config)):
+            return False  # a whole-fleet restart, as before
+        candidate = candidate_settings(current, proposal)
+        ctx.logger.warning("canary: %s on %d of %d servers — %s", candidate.server.fingerprint(),
+                           current.tuning.canary_servers, len(fleet.config), proposal.reason)
+        cycle = CanaryRun(fleet, ctx.monitor, hw.time_scale, ctx.logger, abort).run(
+            current, candidate, proposal.predicted_gain)
+        tuner.restarts += 1
+        record_cycle(cycle, current, candidate, diag, proposal, ctx, epoch,
+                     tuner.predicted_tok_s_per_gpu)
+        w = watch()
+        if cycle.outcome == "rolled_out":
+            live.settings = candidate
+            tuner.predicted_tok_s_per_gpu = proposal.predicted_tok_s_per_gpu
+            caps = {f"server-{c.index}": c.max_running_requests for c in fleet.capacities()}
+            ctx.totals.caps_by_epoch[epoch] = caps
+            ctx.totals.capacities = fleet.capacities()
+            w.reconfigured(caps, hw.plan(candidate), cycle.canary_tok_s)
+        if tuner.restarts >= current.tuning.max_restarts:
+            w.enabled = False
+        return True
+
+    return handle
+
+
+def record_cycle(cycle: CanaryCycle, current: JobSettings, candidate: JobSettings,
+                 diag: Diagnosis, proposal: Proposal, ctx: JobContext, epoch: int,
+                 predicted_current: float | None) -> None:
+    """Ledger lines (current measured by the control group, the candidate by the canary),
+    the run's cycle list, the tuning-ledger artifact and one log line with the verdict."""
+    now = time.time()
+    concurrency = current.client.concurrency_per_server
+    ctx.ledger.record(LedgerEntry(
+        epoch, current.server.model_dump(mode="json"), config_key(current.server, concurrency),
+        concurrency, "measured", cycle.control_tok_s, predicted_current,
+        f"{diag.kind}: {diag.evidence} (the control group of a canary)"[:500], now))
+    outcome: LedgerOutcome = ("measured" if cycle.outcome == "rolled_out" else
+                              "rolled_back" if cycle.outcome == "rolled_back" else "failed")
+    cand_conc = candidate.client.concurrency_per_server
+    ctx.ledger.record(LedgerEntry(
+        epoch, candidate.server.model_dump(mode="json"), config_key(candidate.server, cand_conc),
+        cand_conc, outcome, cycle.canary_tok_s, proposal.predicted_tok_s_per_gpu,
+        f"canary {cycle.outcome}: {cycle.note or proposal.reason}"[:500], now))
+    ctx.totals.cycles.append(Cycle(
+        epoch=epoch, measured_tok_s_per_gpu=cycle.control_tok_s, diagnosis=diag.kind,
+        reason=f"canary {cycle.outcome} — {proposal.reason}",
+        old=config_key(current.server, concurrency),
+        new_flags=candidate.server.model_dump(exclude_none=True, exclude={"extra_args"}),
+        new_concurrency=cand_conc, predicted_tok_s_per_gpu=proposal.predicted_tok_s_per_gpu,
+        cycle_seconds=round((cycle.ended_at or cycle.started_at) - cycle.started_at, 2),
+        kind="canary", canary=cycle.record()))
+    create_table_artifact(key="tuning-ledger", description="configs tried",
+                          table=[c.record() for c in ctx.totals.cycles])
+    ctx.logger.warning("canary %s: canary %s vs control %s tok/s per server (%s measured, %s "
+                       "predicted), %d server restarts, fleet never below %s of before",
+                       cycle.outcome, _num(cycle.canary_tok_s), _num(cycle.control_tok_s),
+                       _ratio(cycle.measured_gain), _ratio(cycle.predicted_gain),
+                       cycle.server_restarts, _ratio(cycle.min_fleet_fraction))
+
+
+def _num(value: Any) -> str:
+    return f"{value:,.0f}" if isinstance(value, (int, float)) else "-"
+
+
+def _ratio(value: float | None) -> str:
+    return f"{value:.2f}×" if value is not None else "-"

@@ -1,0 +1,113 @@
+"""Replace the servers of a running fleet one at a time while the others keep generating.
+
+The canary and the rolling restart of tasks/tuning/canary.py are built from one move:
+take server i out of dispatch (its in-flight requests may finish), stop it, start it again
+with other flags on the same GPU and port, wait until it is healthy, measure what it got and
+admit it with its new limit. Nothing is lost: a request still running when the server stops
+fails over to another server, and a shard is only committed when all its rows are in.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from infra.gpu import wait_memory_released
+from infra.settings import JobSettings
+from tasks.capacity import Capacity, measure_one
+from tasks.fleet_control import FleetControl
+from tasks.health import StartAborted, wait_until_healthy
+from tasks.servers import (
+    ServerHandle,
+    build_launch_specs,
+    launch_one,
+    registry_for,
+    stop_one,
+)
+from tasks.shards import endpoint_of
+
+
+@dataclass(frozen=True)
+class Replaced:
+    index: int
+    capacity: Capacity
+    out_s: float  # retire → admitted again: the time this server did not take work
+    startup_s: float
+    failed_over: int  # requests still in flight when it stopped (redone elsewhere)
+    restarted: bool = True  # False: only the client limit changed
+
+
+class RollingFleet:
+    """The servers of one epoch as they change; `handles()` is what the epoch stops."""
+
+    def __init__(self, handles: list[ServerHandle], settings: JobSettings, out: Path,
+                 epoch: int, control: FleetControl, logger: Any, abort: threading.Event,
+                 check_gpu_memory: bool = False) -> None:
+        self._handles = {h.index: h for h in handles}
+        self.caps: dict[int, Capacity] = {}
+        self.config = {h.index: settings for h in handles}  # what each server runs
+        self.out = out
+        self.epoch = epoch
+        self.control = control
+        self.logger = logger
+        self.abort = abort  # set when the epoch ends: no replacement may start after it
+        self.check_gpu_memory = check_gpu_memory
+        self._lock = threading.Lock()
+
+    def handles(self) -> list[ServerHandle]:
+        with self._lock:
+            return [self._handles[i] for i in sorted(self._handles)]
+
+    def capacities(self) -> list[Capacity]:
+        with self._lock:
+            return [self.caps[i] for i in sorted(self.caps)]
+
+    def replace(self, index: int, settings: JobSettings, tag: str) -> Replaced:
+        """Restart server `index` with `settings`; raises ServerStartFailed (the server is
+        then down and out of dispatch: the caller restores a known config)."""
+        name = f"server-{index}"
+        started = time.monotonic()
+        if settings.server == self.config[index].server and index in self.caps:
+            return self._relimit(index, settings)
+        self.control.retire(name)
+        left = self.control.wait_drained(name, settings.tuning.drain_timeout_s)
+        secrets = (settings.api_key.get_secret_value(),) if settings.api_key else ()
+        registry = registry_for(self.out)
+        stop_one(self._handles[index], registry, settings.stop_grace_s, secrets)
+        if self.check_gpu_memory and settings.servers_per_gpu == 1:
+            wait_memory_released([self._handles[index].gpu])
+        if self.abort.is_set():
+            raise StartAborted(f"{name}: not restarted, the epoch is ending",
+                               self._handles[index], "")
+        spec = build_launch_specs(settings, self.out, self.epoch)[index]
+        log = spec.log_path.with_name(spec.log_path.name.replace(".log", f".{tag}.log"))
+        handle = launch_one(replace(spec, log_path=log), registry, settings.server.fingerprint())
+        with self._lock:  # from here the epoch's stop must find the new process
+            self._handles[index] = handle
+            self.config[index] = settings
+        api_key = settings.api_key.get_secret_value() if settings.api_key else None
+        startup = wait_until_healthy([handle], api_key, settings.startup_timeout_s,
+                                     abort=self.abort)
+        cap = measure_one(handle, api_key)
+        with self._lock:
+            self.caps[index] = cap
+        self.control.join(endpoint_of(settings, cap))
+        out_s = time.monotonic() - started
+        self.logger.info("%s restarted as %s (%s): healthy after %.0f s, cap %d, out of "
+                         "dispatch %.0f s, %d in-flight request(s) failed over", name, tag,
+                         settings.server.fingerprint(), startup, cap.max_running_requests,
+                         out_s, left)
+        return Replaced(index, cap, out_s, startup, left)
+
+    def _relimit(self, index: int, settings: JobSettings) -> Replaced:
+        """Same server flags, other client concurrency: no restart, new workers."""
+        with self._lock:
+            self.config[index] = settings
+            cap = self.caps[index]
+        self.control.join(endpoint_of(settings, cap))
+        self.logger.info("server-%d: client limit now %s (no restart needed)", index,
+                         endpoint_of(settings, cap).limit)
+        return Replaced(index, cap, 0.0, 0.0, 0, restarted=False)

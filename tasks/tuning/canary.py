@@ -1,0 +1,181 @@
+"""Canary and rolling restart: a configuration change earned by measurement, never by
+stopping the fleet.
+
+A candidate first runs on k of N servers while the other N−k keep the current config. Both
+groups draw from one queue — the same workload over the same minutes — so their per-server
+rates compare directly, and the comparison is the decision: if the canary wins by
+`canary_min_gain`, the other servers follow one at a time (the fleet keeps ≥ (N−1)/N of
+its servers generating); if not, the canary goes back. The model's prediction only chooses
+what to try; the ledger keeps predicted next to measured, so its error is on record.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from infra.settings import JobSettings
+from infra.sglang.client import ServerAnswerError
+from tasks.engines import LaunchError
+from tasks.fleet_control import DispatchEnded
+from tasks.health import ServerStartFailed, StartAborted
+from tasks.monitor import FleetMonitor, Sample
+from tasks.rolling import RollingFleet
+from tasks.tuning.diagnosis import window_stats
+
+JUDGE_WINDOWS = 3.0  # windows from a canary's start to its verdict (the first is warm-up)
+
+Outcome = Literal["rolled_out", "rolled_back", "start_failed", "aborted", "no_work"]
+
+
+@dataclass
+class CanaryCycle:
+    """One canary cycle, as the ledger, the summary and the benchmark see it."""
+
+    candidate: str
+    canary_servers: list[str]
+    predicted_gain: float | None
+    started_at: float  # monitor clock (seconds since the run began)
+    outcome: Outcome = "aborted"
+    canary_tok_s: float | None = None  # per server, modeled GPU time
+    control_tok_s: float | None = None
+    fleet_tok_s_before: float | None = None
+    ended_at: float | None = None
+    server_restarts: int = 0
+    min_fleet_fraction: float | None = None  # lowest fleet rate during the cycle / before
+    note: str = ""
+    restarted: list[float] = field(default_factory=list)  # each server's time out of dispatch
+
+    @property
+    def measured_gain(self) -> float | None:
+        if self.canary_tok_s is None or not self.control_tok_s:
+            return None
+        return self.canary_tok_s / self.control_tok_s
+
+    @property
+    def prediction_error(self) -> float | None:
+        """|predicted / measured − 1| of the move the canary measured."""
+        gain = self.measured_gain
+        if gain is None or self.predicted_gain is None or gain <= 0:
+            return None
+        return abs(self.predicted_gain / gain - 1.0)
+
+    def record(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(measured_gain=self.measured_gain, prediction_error=self.prediction_error)
+        return out
+
+
+def group_rates(samples: list[Sample], since: float, until: float, canary: set[str],
+                time_scale: float) -> tuple[float | None, float | None]:
+    """Mean per-server tok/s of the canary group and of the others over [since, until]."""
+    windows = window_stats([s for s in samples if s.t <= until], since, time_scale)
+    ours = [w.tok_s for w in windows if w.server in canary and w.alive]
+    theirs = [w.tok_s for w in windows if w.server not in canary and w.alive]
+    return (statistics.fmean(ours) if ours else None,
+            statistics.fmean(theirs) if theirs else None)
+
+
+def fleet_rate(samples: list[Sample], since: float, until: float, time_scale: float) -> float:
+    """The whole fleet's tok/s over [since, until] (sum over servers)."""
+    windows = window_stats([s for s in samples if s.t <= until], since, time_scale)
+    return sum(w.tok_s for w in windows)
+
+
+def min_fleet_fraction(samples: list[Sample], start: float, end: float, before: float,
+                       span_s: float, time_scale: float) -> float | None:
+    """The lowest fleet rate over any `span_s` window inside [start, end], over `before`."""
+    if before <= 0 or end - start < span_s:
+        return None
+    ticks = sorted({s.t for s in samples if start + span_s <= s.t <= end})
+    rates = [fleet_rate(samples, t - span_s, t, time_scale) for t in ticks]
+    return min(rates) / before if rates else None
+
+
+class CanaryRun:
+    """Drives one cycle on a running fleet (blocking: it runs in the watch's thread)."""
+
+    def __init__(self, fleet: RollingFleet, monitor: FleetMonitor, time_scale: float,
+                 logger: Any, abort: threading.Event) -> None:
+        self.fleet = fleet
+        self.monitor = monitor
+        self.time_scale = time_scale
+        self.logger = logger
+        self.abort = abort
+
+    def run(self, current: JobSettings, candidate: JobSettings,
+            predicted_gain: float | None) -> CanaryCycle:
+        tuning = current.tuning
+        order = sorted(self.fleet.config)
+        canary = order[-tuning.canary_servers:]
+        now = self.monitor.now()
+        cycle = CanaryCycle(candidate.server.fingerprint(), [f"server-{i}" for i in canary],
+                            predicted_gain, now)
+        cycle.fleet_tok_s_before = fleet_rate(self.monitor.snapshot(), now - tuning.window_s,
+                                              now, self.time_scale)
+        try:
+            self._cycle(cycle, current, candidate, canary)
+        except (StartAborted, DispatchEnded) as exc:
+            cycle.outcome, cycle.note = "aborted", str(exc).splitlines()[0]
+        cycle.ended_at = self.monitor.now()
+        cycle.min_fleet_fraction = min_fleet_fraction(
+            self.monitor.snapshot(), cycle.started_at, cycle.ended_at,
+            cycle.fleet_tok_s_before or 0.0, tuning.window_s / 2, self.time_scale)
+        return cycle
+
+    def _cycle(self, cycle: CanaryCycle, current: JobSettings, candidate: JobSettings,
+               canary: list[int]) -> None:
+        if not self._move(cycle, canary, candidate, "canary"):
+            self._move(cycle, canary, current, "restored")
+            cycle.outcome = "start_failed"
+            return
+        up = self.monitor.now()
+        window = current.tuning.window_s
+        # A fresh server admits a full batch at once, so its first requests finish together:
+        # over one short window its finished-token counter reads a wave, not a rate (the sim
+        # read 1,906 against a steady 1,545). One window of warm-up, two to judge.
+        self.abort.wait(JUDGE_WINDOWS * window)
+        if self.abort.is_set():
+            raise DispatchEnded("the epoch ended during the canary's window")
+        names = set(cycle.canary_servers)
+        cycle.canary_tok_s, cycle.control_tok_s = group_rates(
+            self.monitor.snapshot(), up + window, self.monitor.now(), names, self.time_scale)
+        gain = cycle.measured_gain
+        if gain is None:
+            cycle.outcome, cycle.note = "no_work", "no rate to compare (the work ran out?)"
+            return
+        if gain >= current.tuning.canary_min_gain:
+            rest = [i for i in sorted(self.fleet.config) if i not in canary]
+            if self._move(cycle, rest, candidate, "rollout"):
+                cycle.outcome = "rolled_out"
+                return
+            # A server would not start with it (another process on that GPU?): a fleet
+            # half in one config and half in another is no state to leave a job in.
+            moved = [i for i in sorted(self.fleet.config)
+                     if self.fleet.config[i].server != current.server]
+            self._move(cycle, moved, current, "restored")
+            cycle.outcome = "start_failed"
+        else:
+            self._move(cycle, canary, current, "rollback")
+            cycle.outcome = "rolled_back"
+
+    def _move(self, cycle: CanaryCycle, indexes: list[int], settings: JobSettings,
+              tag: str) -> bool:
+        """Restart these servers with `settings`, one at a time (the rest of the fleet keeps
+        generating). False when a start failed."""
+        for index in indexes:
+            try:
+                done = self.fleet.replace(index, settings, tag)
+            except StartAborted:
+                raise
+            except (ServerStartFailed, LaunchError, ServerAnswerError) as exc:
+                self.logger.warning("server-%d did not come up as %s: %s", index, tag,
+                                    str(exc).splitlines()[0])
+                cycle.note = f"server-{index} ({tag}): {str(exc).splitlines()[0][:300]}"
+                return False
+            if done.restarted:
+                cycle.server_restarts += 1
+                cycle.restarted.append(round(done.out_s, 2))
+        return True
