@@ -1,11 +1,14 @@
 """How well restart-on-regression tunes a simulated fleet, against an exhaustive sweep.
 
-    python bench/tuning.py --scenario seed-000      (or seed-004)
+    python bench/tuning.py --scenario seed-000      (seed-004, canary-4, h200-27b)
 
 Runs the `generate` flow on simulated servers in the scenario's starting configuration,
 lets the tuning loop work, then compares the final measured throughput with the best of an
 exhaustive sweep over the policy's configuration space (evaluated with the simulator's own
-pacing model, `predict_tok_s`). Ends with one JSON line.
+pacing model, `predict_tok_s`). Ends with one JSON line: the gain, ratio_to_best, the
+restarts (tuning cycles and server restarts), the lowest fleet throughput during a cycle as
+a fraction of before (a canary keeps N−1 of N servers generating; a whole-fleet restart
+stops all: 0), and the prediction error of the move that was kept.
 """
 
 from __future__ import annotations
@@ -28,6 +31,18 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "time_scale": 10.0, "max_new_tokens": 2048, "prompts": 2000,
         "server": {"mamba_strategy": "extra_buffer"}, "concurrency": 32,
     },
+    "canary-4": {  # seed-000's start on four servers: one canary, three roll one by one
+        "model": "qwen3.6-27b-fp8", "gpu": "rtx-pro-6000", "version": "0.5.23",
+        "time_scale": 10.0, "max_new_tokens": 2048, "prompts": 3000, "gpus": 4,
+        "server": {"mamba_strategy": "extra_buffer"}, "concurrency": 32,
+    },
+    "h200-27b": {  # the real restart cycle's start (docs/REAL_SGLANG.md), H200-calibrated sim
+        "model": str(ROOT / "tests" / "fixtures" / "models" / "qwen3.6-27b-text"),
+        "weights_gib": 50.16, "gpu": "h200", "version": "0.5.17", "time_scale": 5.0,
+        "max_new_tokens": 200, "prompts": 6000, "gpus": 2, "concurrency": None,
+        "server": {"mamba_strategy": "extra_buffer", "mem_fraction_static": 0.9,
+                   "mamba_full_memory_ratio": 0.3},
+    },
     "seed-004": {
         "model": "Qwen/Qwen3.6-27B", "gpu": "b200", "version": "main",
         "time_scale": 5.0, "max_new_tokens": 2048, "prompts": 1800,
@@ -46,7 +61,7 @@ def sweep(sc: dict, avg_context: float) -> tuple[float, dict]:
     from infra.sglang.profiles import gpu_profile, model_profile
     from infra.sglang.versions import parse_version
 
-    model, gpu = model_profile(sc["model"]), gpu_profile(sc["gpu"])
+    model, gpu = model_profile(sc["model"], sc.get("weights_gib")), gpu_profile(sc["gpu"])
     version = parse_version(sc["version"])
     base = ServerFlags(**sc["server"])
     best: tuple[float, dict] = (0.0, {})
@@ -70,7 +85,9 @@ def sweep(sc: dict, avg_context: float) -> tuple[float, dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenario", choices=sorted(SCENARIOS), default="seed-000")
-    ap.add_argument("--gpus", type=int, default=2)
+    ap.add_argument("--gpus", type=int, default=None, help="default: the scenario's (or 2)")
+    ap.add_argument("--canary-servers", type=int, default=None,
+                    help="tuning.canary_servers (0: whole-fleet restarts; default 1)")
     ap.add_argument("--prompts", type=int, default=None,
                     help="job size (default: the scenario's); a restart has to pay for itself "
                          "over the work left, so a longer job lets smaller gains through")
@@ -78,6 +95,7 @@ def main() -> None:
     sc = dict(SCENARIOS[args.scenario])
     if args.prompts:
         sc["prompts"] = args.prompts
+    gpus = args.gpus or sc.get("gpus", 2)
 
     from infra.prefect_env import configure_local_prefect
 
@@ -96,25 +114,48 @@ def main() -> None:
                      "sampling.max_new_tokens": sc["max_new_tokens"], "shard_size": 50,
                      "tuning.window_s": 4.0, "tuning.sample_interval_s": 0.5,
                      "base_port": 22000, **{f"server.{k}": v for k, v in sc["server"].items()}}
+        if sc.get("weights_gib"):
+            overrides.update(weights_gib=sc["weights_gib"], gpu_type=sc["gpu"])
+        if args.canary_servers is not None:
+            overrides["tuning.canary_servers"] = args.canary_servers
         summary = generate(prompts=str(prompts), output=str(out), model=sc["model"],
-                           gpus=list(range(args.gpus)), overrides=overrides)
+                           gpus=list(range(gpus)), overrides=overrides)
         entries = [e for e in TuningLedger(out / "tuning.jsonl").entries()
                    if e.outcome == "measured" and e.tok_s_per_gpu]
+    print(json.dumps(result_line(args.scenario, gpus, sc, summary, entries)))
+
+
+def result_line(name: str, gpus: int, sc: dict, summary: dict, entries: list) -> dict:
+    """The benchmark's JSON line from the run's summary and tuning ledger."""
     start, final = entries[0].tok_s_per_gpu or 0.0, entries[-1].tok_s_per_gpu or 0.0
     best_tok, best_flags = sweep(sc, 2048.0)
-    overheads = [c["cycle_seconds"] - c["startup_seconds"] for c in summary["cycles"]
-                 if "cycle_seconds" in c]
-    result = {
-        "scenario": args.scenario, "gpus": args.gpus, "prompts": sc["prompts"],
+    cycles = summary["cycles"]
+    overheads = [c["cycle_seconds"] - c["startup_seconds"] for c in cycles
+                 if "cycle_seconds" in c and "startup_seconds" in c]
+    canaries = [c["canary"] for c in cycles if c.get("canary")]
+    fractions = [0.0 for c in cycles if not c.get("canary")] + [
+        c["min_fleet_fraction"] for c in canaries if c["min_fleet_fraction"] is not None]
+    kept = [e for e in entries if e.predicted_tok_s_per_gpu]
+    errors = [c["prediction_error"] for c in canaries
+              if c["outcome"] == "rolled_out" and c["prediction_error"] is not None]
+    if not canaries and kept:  # a whole-fleet restart: its prediction against what it did
+        errors = [abs((kept[-1].predicted_tok_s_per_gpu or 0) / (kept[-1].tok_s_per_gpu or 1)
+                      - 1)]
+    return {
+        "scenario": name, "gpus": gpus, "prompts": sc["prompts"],
         "start_tok_s": round(start, 1), "final_tok_s": round(final, 1),
         "gain": round(final / start, 2) if start else None,
         "best_sweep_tok_s": round(best_tok, 1),
         "ratio_to_best": round(final / best_tok, 3) if best_tok else None,
         "restarts": summary["restarts"],
+        "server_restarts": sum(c["server_restarts"] for c in canaries)
+        + gpus * sum(1 for c in cycles if not c.get("canary")),
+        "min_fleet_fraction_during_cycle": round(min(fractions), 3) if fractions else None,
+        "prediction_error": round(max(errors), 3) if errors else None,
+        "canary_outcomes": [c["outcome"] for c in canaries],
         "cycle_overhead_s": round(statistics.median(overheads), 2) if overheads else None,
         "final_flags": summary["final_server_flags"], "best_sweep_flags": best_flags,
     }
-    print(json.dumps(result))
 
 
 if __name__ == "__main__":

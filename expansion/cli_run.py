@@ -248,12 +248,18 @@ def status(output: Annotated[Path, typer.Argument(help="An output folder.")]) ->
 def export(
     output: Annotated[Path, typer.Argument(help="An output folder.")],
     to: Annotated[Path, typer.Option("--to", help="File to write (JSONL).")],
-    model: Annotated[str, typer.Option(help="Model name to put in each response.")] = "model",
+    model: Annotated[str, typer.Option(help="Model name if a row has none.")] = "model",
+    fmt: Annotated[str, typer.Option("--format", help="openai-batch: one line per input "
+                                     "(custom_id = id, n samples as choices); jsonl: every "
+                                     "row with every column")] = "openai-batch",
 ) -> None:
-    """Export completions as OpenAI batch output JSONL, keyed by custom_id (= input id)."""
-    from infra.export import export_openai_batch
+    """Export completions as OpenAI batch output JSONL, or as plain JSONL rows."""
+    from infra.export import export_jsonl, export_openai_batch
 
     if not (output / "plan.json").is_file():
         fail(f"{output} has no plan.json: not an expansion output folder")
-    count = export_openai_batch(output, to, model)
+    if fmt not in ("openai-batch", "jsonl"):
+        fail(f"--format: {fmt!r} is not openai-batch or jsonl")
+    count = (export_openai_batch(output, to, model) if fmt == "openai-batch"
+             else export_jsonl(output, to))
     console.print(f"wrote {count} lines to {to}")

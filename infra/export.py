@@ -1,4 +1,5 @@
-"""Export committed shards as OpenAI batch output JSONL (one line per input, keyed by custom_id).
+"""Export committed shards as OpenAI batch output JSONL (one line per input, keyed by custom_id;
+with n samples per prompt, the samples are that line's choices).
 
 Streams shard by shard, so the export of a 10M-row job needs one shard in memory at a time.
 """
@@ -15,21 +16,38 @@ import polars as pl
 from infra.ledger import Ledger
 
 
-def _ok_line(row: dict[str, Any], model: str) -> dict[str, Any]:
-    usage = {"prompt_tokens": row.get("prompt_tokens"),
-             "completion_tokens": row.get("completion_tokens"),
-             "total_tokens": (row.get("prompt_tokens") or 0) + (row.get("completion_tokens") or 0)}
+def _ok_line(samples: list[dict[str, Any]], model: str) -> dict[str, Any]:
+    """One input row's answer: its n samples as the choices of one chat completion."""
+    first = samples[0]
+    prompt = first.get("prompt_tokens") or 0
+    completion = sum(r.get("completion_tokens") or 0 for r in samples)
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion,
+             "total_tokens": prompt + completion}
+    choices = [{"index": r.get("sample_index") or 0,
+                "message": {"role": "assistant", "content": r.get("completion"),
+                            **({"reasoning_content": r["reasoning"]} if r.get("reasoning")
+                               else {})},
+                "finish_reason": r.get("finish_reason")} for r in samples]
     return {
-        "id": f"batch_req_{row['id']}",
-        "custom_id": str(row["id"]),
-        "response": {"status_code": 200, "request_id": f"req_{row['id']}", "body": {
-            "object": "chat.completion", "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant",
-                                                 "content": row.get("completion")},
-                         "finish_reason": row.get("finish_reason")}],
-            "usage": usage}},
+        "id": f"batch_req_{first['id']}",
+        "custom_id": str(first["id"]),
+        "response": {"status_code": 200, "request_id": f"req_{first['id']}", "body": {
+            "object": "chat.completion", "model": first.get("model") or model,
+            "choices": choices, "usage": usage}},
         "error": None,
     }
+
+
+def _by_id(rows: Iterator[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    """Consecutive rows of one id (a shard keeps each prompt's samples together)."""
+    group: list[dict[str, Any]] = []
+    for row in rows:
+        if group and row["id"] != group[0]["id"]:
+            yield group
+            group = []
+        group.append(row)
+    if group:
+        yield group
 
 
 def _error_line(row: dict[str, Any]) -> dict[str, Any]:
@@ -41,8 +59,9 @@ def openai_batch_lines(output: Path, model: str) -> Iterator[str]:
     ledger = Ledger(output)
     for entry in sorted(ledger.committed().values(), key=lambda e: e.shard):
         if entry.rows:
-            for row in pl.read_parquet(output / entry.path).iter_rows(named=True):
-                yield json.dumps(_ok_line(row, model))
+            rows = pl.read_parquet(output / entry.path).iter_rows(named=True)
+            for samples in _by_id(rows):
+                yield json.dumps(_ok_line(samples, model))
         if entry.error_path:
             for row in pl.read_parquet(output / entry.error_path).iter_rows(named=True):
                 yield json.dumps(_error_line(row))
@@ -56,5 +75,21 @@ def export_openai_batch(output: Path, target: Path, model: str) -> int:
         for line in openai_batch_lines(output, model):
             fh.write(line + "\n")
             count += 1
+    tmp.replace(target)
+    return count
+
+
+def export_jsonl(output: Path, target: Path) -> int:
+    """Every output row with every column (the user's, the generation's, the provenance) as
+    JSON lines, shard by shard; error rows are left to errors/ (different columns)."""
+    ledger = Ledger(output)
+    count = 0
+    tmp = target.with_name(f".{target.name}.tmp")
+    with open(tmp, "wb") as fh:
+        for entry in sorted(ledger.committed().values(), key=lambda e: e.shard):
+            if entry.rows:
+                frame = pl.read_parquet(output / entry.path)
+                frame.write_ndjson(fh)
+                count += frame.height
     tmp.replace(target)
     return count

@@ -40,6 +40,7 @@ class ShardPlan:
     shard_size: int
     num_shards: int
     version: int = PLAN_VERSION
+    id_dtype: str = "String"  # the input id's type, kept in the output (older plans: String)
 
     @property
     def fingerprint(self) -> str:
@@ -68,7 +69,8 @@ class ManifestEntry:
 
 def make_plan(summary: InputSummary, shard_size: int) -> ShardPlan:
     shards = -(-summary.rows // shard_size)
-    return ShardPlan(summary.path, summary.rows, summary.ids_sha256, shard_size, shards)
+    return ShardPlan(summary.path, summary.rows, summary.ids_sha256, shard_size, shards,
+                     id_dtype=summary.id_dtype)
 
 
 def file_sha256(path: Path) -> str:

@@ -2,8 +2,10 @@
 
 Accepted: JSONL or Parquet with an `id` column and `prompt` (text), `messages` (chat) or
 `input_ids` (pre-tokenized, for servers run with `--skip-tokenizer-init`), or OpenAI batch
-JSONL (`custom_id` + `body`). Optional per-row sampling columns override the job
-defaults. Problems are reported before any GPU time is spent, naming the row or column.
+JSONL (`custom_id` + `body`). Optional per-row columns override the job's sampling or
+constrain the output (REQUEST_COLUMNS); every other column is the user's and travels to the
+output unchanged, as does the id's type (an integer id stays an integer). Problems are
+reported before any GPU time is spent, naming the row or column.
 """
 
 from __future__ import annotations
@@ -16,6 +18,15 @@ from pathlib import Path
 import polars as pl
 
 SAMPLING_COLUMNS = ("max_new_tokens", "temperature", "top_p", "seed")
+# Per-row request fields beyond sampling: stop strings and SGLang's constrained decoding.
+CONSTRAINT_COLUMNS = ("stop", "json_schema", "regex", "ebnf")
+REQUEST_COLUMNS = SAMPLING_COLUMNS + CONSTRAINT_COLUMNS
+# What the pipeline writes next to the input's columns; an input column of the same name
+# would be overwritten, so it is refused.
+OUTPUT_COLUMNS = ("completion", "output_ids", "finish_reason", "prompt_tokens",
+                  "completion_tokens", "cached_tokens", "server", "config", "latency_s",
+                  "sample_index", "model", "sglang_version", "sampling_params", "error",
+                  "attempts", "reasoning", "reasoning_tokens")
 
 
 class InputError(ValueError):
@@ -29,6 +40,7 @@ class InputSummary:
     rows: int
     kind: str  # prompt | messages | input_ids
     ids_sha256: str  # fingerprint of the id sequence: a resume against other input fails
+    id_dtype: str = "String"  # polars dtype name of the id column, kept in the output
 
 
 def _scan(path: Path) -> pl.LazyFrame:
@@ -76,9 +88,12 @@ def _normalize(lf: pl.LazyFrame, path: Path) -> tuple[pl.LazyFrame, str, str]:
     else:
         raise InputError(f"prompts: {path} needs a `prompt`, `messages` or `input_ids` column "
                          f"(columns: {', '.join(cols)})")
-    keep = ["id", kind, *[c for c in SAMPLING_COLUMNS if c in cols]]
+    clash = [c for c in cols if c in OUTPUT_COLUMNS]
+    if clash:
+        raise InputError(f"prompts: {path}: column `{clash[0]}` is a name the output uses; "
+                         "rename it in the input")
     fmt = "parquet" if path.suffix == ".parquet" else "jsonl"
-    return lf.select(keep).with_columns(pl.col("id").cast(pl.String)), fmt, kind
+    return lf, fmt, kind
 
 
 def _first_line(exc: Exception) -> str:
@@ -91,12 +106,15 @@ def open_input(path: Path) -> tuple[pl.LazyFrame, str, str]:
 
 
 def validate_input(path: Path) -> InputSummary:
-    """Check ids (present, unique), prompts (non-empty) and encoding; fingerprint the ids."""
+    """Check ids (present, unique, integers or strings), prompts (non-empty) and encoding;
+    fingerprint the ids."""
     if path.is_file():
         _check_utf8(path)
     lf, fmt, kind = open_input(path)
     try:
         ids = lf.select(pl.col("id")).collect()["id"]
+        if fmt == "jsonl":  # the whole file decides the type, not its first 1,000 rows
+            ids = pl.scan_ndjson(path, infer_schema_length=None).select("id").collect()["id"]
         bad = lf.with_row_index("row").filter(_empty(kind)).select("row", "id").head(1).collect()
     except pl.exceptions.PolarsError as exc:
         raise InputError(f"prompts: {path}: {_first_line(exc)}") from exc
@@ -113,11 +131,14 @@ def validate_input(path: Path) -> InputSummary:
                          f"{kind}; remove the row or fill it")
     if ids.len() == 0:
         raise InputError(f"prompts: {path} has no rows")
+    if not (ids.dtype.is_integer() or ids.dtype == pl.String):
+        raise InputError(f"prompts: {path}: `id` is {ids.dtype}; ids must be integers or "
+                         "strings (a float id cannot be joined back exactly)")
     digest = hashlib.sha256()
-    for chunk in ids.to_frame().iter_slices(100_000):
+    for chunk in ids.cast(pl.String).to_frame().iter_slices(100_000):
         digest.update("\n".join(chunk["id"].to_list()).encode())
         digest.update(b"\n")
-    return InputSummary(str(path), fmt, ids.len(), kind, digest.hexdigest())
+    return InputSummary(str(path), fmt, ids.len(), kind, digest.hexdigest(), str(ids.dtype))
 
 
 def _empty(kind: str) -> pl.Expr:
@@ -139,9 +160,10 @@ def _check_utf8(path: Path) -> None:
                                  f"byte {exc.start}); re-encode the file as UTF-8") from exc
 
 
-def iter_rows(path: Path, start: int, stop: int,
-              batch: int = 10_000) -> Iterator[dict[str, object]]:
-    """Rows [start, stop) in input order, as dicts (id, prompt|messages, sampling columns).
+def iter_rows(path: Path, start: int, stop: int, batch: int = 10_000,
+              id_dtype: str = "String") -> Iterator[dict[str, object]]:
+    """Rows [start, stop) in input order, as dicts (every column; the id as `id_dtype`, the
+    type validation found for the whole file: a block's own inference could differ).
 
     Truly streamed, with bounded memory whatever the input size: Parquet through pyarrow's
     batch reader (whole row groups before `start` are skipped unread), JSONL in blocks of
@@ -150,9 +172,10 @@ def iter_rows(path: Path, start: int, stop: int,
         blocks = _parquet_blocks(path, start, stop, batch)
     else:
         blocks = _jsonl_blocks(path, start, stop, batch)
+    dtype = getattr(pl, id_dtype)
     for frame in blocks:
         lf, _, _ = _normalize(frame.lazy(), path)
-        yield from lf.collect().iter_rows(named=True)
+        yield from lf.with_columns(pl.col("id").cast(dtype)).collect().iter_rows(named=True)
 
 
 def _parquet_blocks(path: Path, start: int, stop: int, batch: int) -> Iterator[pl.DataFrame]:

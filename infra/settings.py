@@ -40,6 +40,10 @@ class SamplingSettings(BaseModel):
                              "applies it only with --enable-deterministic-inference)")
     ignore_eos: bool = Field(False, description="generate max_new_tokens every time (fixed "
                              "lengths: benchmarks, random-weight models)")
+    n: int = Field(1, ge=1, le=1024, description="samples per prompt: one output row per "
+                   "sample, with sample_index 0..n-1 (sample k uses seed + k)")
+    stop: list[str] = Field(default_factory=list, description="stop strings for every row "
+                            "(a row's `stop` column replaces them); not included in the output")
 
 
 class ClientSettings(BaseModel):
@@ -154,6 +158,9 @@ class JobSettings(BaseSettings):
     storage: StorageSettings = Field(default_factory=lambda: StorageSettings())
     tuning: TuningSettings = Field(default_factory=lambda: TuningSettings())
     shard_size: int = Field(100, ge=1, le=10_000_000, description="prompts per output shard")
+    keep_input_columns: bool = Field(
+        True, description="copy the input's own columns (beyond id, prompt and the request "
+        "columns) into every output row; false keeps the output to id + generation fields")
     startup_timeout_s: float = Field(900.0, gt=0, description="deadline for servers to be healthy")
     stop_grace_s: float = Field(30.0, ge=0, description="SIGTERM → SIGKILL grace period")
 

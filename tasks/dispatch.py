@@ -26,7 +26,13 @@ from typing import Any
 import httpx
 
 from infra.sglang.client import auth_headers, tls_context
-from tasks.requests import DispatchOptions, MalformedAnswer, build_request, parse_response
+from tasks.requests import (
+    DispatchOptions,
+    MalformedAnswer,
+    build_request,
+    output_row,
+    parse_response,
+)
 
 __all__ = [
     "DispatchOptions",
@@ -52,13 +58,15 @@ class Endpoint:
     url: str
     limit: int
     config: str  # server-config fingerprint recorded with each completion
+    version: str | None = None  # the server's SGLang version, recorded with each completion
 
 
 @dataclass
 class _Item:
     shard: int
-    index: int
+    index: int  # position in the shard: row × samples + sample
     row: dict[str, Any]
+    sample: int = 0
     attempts: int = 0
     last_error: str = ""
 
@@ -232,9 +240,11 @@ class Dispatcher:
                     return
             if self.stop.is_set():
                 return
-            self._shards[shard_id] = _Shard(size=len(rows))
+            n = self.opts.samples
+            self._shards[shard_id] = _Shard(size=len(rows) * n)
             for index, row in enumerate(rows):
-                self._put(_Item(shard_id, index, row))
+                for sample in range(n):
+                    self._put(_Item(shard_id, index * n + sample, row, sample))
             if not rows:
                 await self._finish(shard_id)
 
@@ -263,7 +273,7 @@ class Dispatcher:
                 self._in_flight_by[ep.name] -= 1
 
     async def _handle(self, ep: Endpoint, client: httpx.AsyncClient, item: _Item) -> None:
-        path, body = build_request(item.row, self.opts)
+        path, body = build_request(item.row, self.opts, item.sample)
         started = time.monotonic()
         try:
             answer = await self._post(ep, client, path, body)
@@ -288,8 +298,8 @@ class Dispatcher:
             self._put(item)
             return
         self._connect_failures[ep.name] = 0
-        row = {**item.row, **answer, "server": ep.name, "config": ep.config,
-               "latency_s": round(time.monotonic() - started, 4)}
+        row = output_row(item.row, self.opts, item.sample, answer, body, ep.name, ep.config,
+                         ep.version, time.monotonic() - started)
         shard = self._shards[item.shard]
         shard.results[item.index] = row
         self.stats.completed += 1
@@ -326,8 +336,8 @@ class Dispatcher:
 
     async def _record_error(self, item: _Item, reason: str) -> None:
         shard = self._shards[item.shard]
-        shard.errors[item.index] = {"id": item.row["id"], "error": reason,
-                                    "attempts": item.attempts + 1}
+        shard.errors[item.index] = {"id": item.row["id"], "sample_index": item.sample,
+                                    "error": reason, "attempts": item.attempts + 1}
         self.stats.errors += 1
         if shard.done:
             await self._finish(item.shard)

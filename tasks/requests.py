@@ -6,8 +6,11 @@ row may ask for — sampling, chat messages, token ids — grows with what users
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
+
+from infra.prompts import SAMPLING_COLUMNS
 
 
 class MalformedAnswer(Exception):
@@ -18,37 +21,71 @@ class MalformedAnswer(Exception):
 class DispatchOptions:
     model: str
     api_key: str | None
-    sampling: dict[str, Any]
+    sampling: dict[str, Any]  # job defaults: max_new_tokens, temperature, top_p, seed, ...
     request_timeout_s: float
     max_attempts: int
     backoff_s: float
+    samples: int = 1  # n: output rows per prompt, sample_index 0..n-1
+    keep_input_columns: bool = True
 
 
-def build_request(row: dict[str, Any], opts: DispatchOptions) -> tuple[str, dict[str, Any]]:
-    """(path, JSON body) for one input row; per-row sampling columns override job defaults."""
+def sampling_for(row: dict[str, Any], opts: DispatchOptions, sample: int) -> dict[str, Any]:
+    """The sampling a row is sent with: job defaults, the row's own columns over them, and
+    for sample k of n the seed + k (so samples differ, and each is reproducible)."""
     sampling = dict(opts.sampling)
-    for key in ("max_new_tokens", "temperature", "top_p", "seed"):
+    for key in SAMPLING_COLUMNS:
         if row.get(key) is not None:
             sampling[key] = row[key]
-    if "messages" in row and row.get("messages") is not None:
+    if row.get("stop") is not None:
+        sampling["stop"] = [row["stop"]] if isinstance(row["stop"], str) else list(row["stop"])
+    if sample and sampling.get("seed") is not None:
+        sampling["seed"] = int(sampling["seed"]) + sample
+    if not sampling.get("ignore_eos"):
+        sampling.pop("ignore_eos", None)
+    return {k: v for k, v in sampling.items() if v is not None and v != []}
+
+
+def _json_text(schema: Any) -> str:
+    """SGLang's native API takes the schema as a JSON string; a column may hold either."""
+    return schema if isinstance(schema, str) else json.dumps(schema)
+
+
+def build_request(row: dict[str, Any], opts: DispatchOptions,
+                  sample: int = 0) -> tuple[str, dict[str, Any]]:
+    """(path, JSON body) for one input row (and sample): chat rows go through the server's
+    chat template, the rest to /generate; constraints ride along as SGLang names them."""
+    sampling = sampling_for(row, opts, sample)
+    if row.get("messages") is not None:
         body: dict[str, Any] = {
             "model": opts.model, "messages": row["messages"],
             "max_tokens": sampling["max_new_tokens"], "temperature": sampling["temperature"],
             "top_p": sampling["top_p"],
-        }
-        if sampling.get("seed") is not None:
-            body["seed"] = sampling["seed"]
-        if sampling.get("ignore_eos"):
-            body["ignore_eos"] = True
+            **{k: sampling[k] for k in ("seed", "ignore_eos", "stop") if k in sampling}}
+        if row.get("json_schema") is not None:
+            schema = row["json_schema"]
+            body["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": "row", "schema": json.loads(schema) if isinstance(schema, str)
+                else schema}}
+        body.update({k: row[k] for k in ("regex", "ebnf") if row.get(k) is not None})
         return "/v1/chat/completions", body
-    params = {k: sampling[k] for k in ("max_new_tokens", "temperature", "top_p")}
+    native = ("max_new_tokens", "temperature", "top_p", "ignore_eos", "stop")
+    params: dict[str, Any] = {k: sampling[k] for k in native if k in sampling}
     if sampling.get("seed") is not None:
         params["sampling_seed"] = sampling["seed"]
-    if sampling.get("ignore_eos"):
-        params["ignore_eos"] = True
+    if row.get("json_schema") is not None:
+        params["json_schema"] = _json_text(row["json_schema"])
+    params.update({k: row[k] for k in ("regex", "ebnf") if row.get(k) is not None})
     if row.get("input_ids") is not None:
         return "/generate", {"input_ids": list(row["input_ids"]), "sampling_params": params}
     return "/generate", {"text": row["prompt"], "sampling_params": params}
+
+
+def sent_sampling(body: dict[str, Any]) -> str:
+    """The sampling parameters as sent (JSON, keys sorted): the row's provenance."""
+    params = body.get("sampling_params")
+    if params is None:
+        params = {k: v for k, v in body.items() if k not in ("model", "messages")}
+    return json.dumps(params, sort_keys=True)
 
 
 def parse_response(path: str, body: Any) -> dict[str, Any]:
@@ -64,17 +101,34 @@ def parse_response(path: str, body: Any) -> dict[str, Any]:
                 "finish_reason": reason.get("type") if isinstance(reason, dict) else str(reason),
                 "prompt_tokens": int(meta["prompt_tokens"]),
                 "completion_tokens": int(meta["completion_tokens"]),
+                "cached_tokens": int(meta.get("cached_tokens") or 0),
             }
         choice = body["choices"][0]
         usage = body["usage"]
         return {
             "completion": str(choice["message"]["content"]),
+            # SGLang's reasoning parser (--reasoning-parser) puts the thinking apart
+            "reasoning": choice["message"].get("reasoning_content"),
+            "reasoning_tokens": int(usage.get("reasoning_tokens") or 0),
             "finish_reason": str(choice.get("finish_reason")),
             "prompt_tokens": int(usage["prompt_tokens"]),
             "completion_tokens": int(usage["completion_tokens"]),
+            "cached_tokens": int((usage.get("prompt_tokens_details") or {}).get(
+                "cached_tokens") or 0),
         }
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise MalformedAnswer(
             f"malformed answer from server ({type(exc).__name__}: {exc})") from exc
 
 
+
+
+def output_row(row: dict[str, Any], opts: DispatchOptions, sample: int,
+               answer: dict[str, Any], body: dict[str, Any], server: str, config: str,
+               version: str | None, latency_s: float) -> dict[str, Any]:
+    """One output row: the user's columns as given (unless keep_input_columns is off), the
+    answer, and its provenance — model, SGLang version, server config, sampling as sent."""
+    given = row if opts.keep_input_columns else {"id": row["id"]}
+    return {**given, "sample_index": sample, **answer, "server": server, "config": config,
+            "model": opts.model, "sglang_version": version,
+            "sampling_params": sent_sampling(body), "latency_s": round(latency_s, 4)}

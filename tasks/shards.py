@@ -58,7 +58,8 @@ def iter_pending_shards(plan: ShardPlan, pending: list[int],
     start, _ = plan.rows_of(first)
     current: list[dict[str, Any]] = []
     shard = first
-    for offset, row in enumerate(iter_rows(Path(plan.input_path), start, plan.input_rows)):
+    rows = iter_rows(Path(plan.input_path), start, plan.input_rows, id_dtype=plan.id_dtype)
+    for offset, row in enumerate(rows):
         row_shard = (start + offset) // plan.shard_size
         if row_shard != shard:
             if shard in wanted:
@@ -77,7 +78,8 @@ def endpoint_of(settings: JobSettings, cap: Capacity) -> Endpoint:
     """How the dispatcher sees one server: its name, URL, in-flight limit and config."""
     return Endpoint(name=f"server-{cap.index}", url=cap.url,
                     limit=client_limit(cap, settings.client.concurrency_per_server,
-                                       settings.client.queue_target), config=cap.config)
+                                       settings.client.queue_target), config=cap.config,
+                    version=cap.version)
 
 
 def generate_pending(settings: JobSettings, state: JobState, capacities: list[Capacity],
@@ -92,10 +94,13 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
         model=settings.model,
         api_key=settings.api_key.get_secret_value() if settings.api_key else None,
         sampling={"max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
-                  "top_p": s.top_p, "seed": s.seed, "ignore_eos": s.ignore_eos},
+                  "top_p": s.top_p, "seed": s.seed, "ignore_eos": s.ignore_eos,
+                  "stop": list(s.stop)},
         request_timeout_s=settings.client.request_timeout_s,
         max_attempts=settings.client.max_attempts,
         backoff_s=settings.client.backoff_s,
+        samples=s.n,
+        keep_input_columns=settings.keep_input_columns,
     )
 
     async def commit(shard: int, rows: list[dict[str, Any]],

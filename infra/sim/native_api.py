@@ -45,7 +45,7 @@ def generate_refusal(body: dict[str, Any]) -> str | None:
     sampling = body.get("sampling_params") or {}
     if not isinstance(sampling, dict):
         return "`sampling_params` must be an object"
-    for name in ("stop", "stop_token_ids", "regex", "json_schema", "ebnf", "n"):
+    for name in ("stop_token_ids", "regex", "ebnf", "n"):
         if sampling.get(name) not in (None, [], 1):
             return (f"`sampling_params.{name}`: the simulated server does not implement it "
                     "(real SGLang does)")

@@ -18,13 +18,14 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from infra.sim.constrained import output_controls
 from infra.sim.native_api import is_ids
 from infra.sim.text import EOS_TOKEN_ID
 
 # Fields that would change the answer's length or shape, which the simulator cannot honour.
-UNSUPPORTED = ("stop", "stop_token_ids", "logprobs", "top_logprobs", "echo", "suffix",
-               "best_of", "logit_bias", "response_format", "tools", "tool_choice", "regex",
-               "json_schema", "ebnf", "lora_path")
+UNSUPPORTED = ("stop_token_ids", "logprobs", "top_logprobs", "echo", "suffix",
+               "best_of", "logit_bias", "tools", "tool_choice", "regex", "json_schema",
+               "ebnf", "lora_path")
 MAX_N = 16
 
 Prompt = str | list[int]
@@ -60,6 +61,12 @@ def refusal(body: dict[str, Any]) -> str | None:
     for name in UNSUPPORTED:
         if body.get(name) not in (None, False, [], {}):
             return f"`{name}`: the simulated server does not implement it (real SGLang does)"
+    fmt = body.get("response_format")
+    if fmt not in (None, {}) and not (isinstance(fmt, dict) and fmt.get("type") in (
+            "text", "json_schema") and (fmt.get("type") == "text" or isinstance(
+            (fmt.get("json_schema") or {}).get("schema"), dict))):
+        return ("`response_format`: the simulated server honours {\"type\": \"json_schema\", "
+                "\"json_schema\": {\"schema\": {...}}} and \"text\" only (real SGLang does more)")
     n = body.get("n", 1)
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
         return f"`n` must be an integer from 1 to {MAX_N}"
@@ -76,7 +83,12 @@ def sampling_of(body: dict[str, Any], sample: int) -> dict[str, Any]:
         sampling["ignore_eos"] = True
     if sample:
         sampling["n_index"] = sample  # each of the n samples is drawn apart
-    return sampling
+    if body.get("stop") is not None:
+        sampling["stop"] = body["stop"]
+    fmt = body.get("response_format") or {}
+    if fmt.get("type") == "json_schema":
+        sampling["json_schema"] = fmt["json_schema"]["schema"]
+    return output_controls(sampling)
 
 
 def _choice(index: int, out: dict[str, Any], chat: bool) -> dict[str, Any]:
@@ -88,7 +100,8 @@ def _choice(index: int, out: dict[str, Any], chat: bool) -> dict[str, Any]:
     else:
         choice["text"] = out["text"]
     choice.update({"logprobs": None, "finish_reason": reason,
-                   "matched_stop": EOS_TOKEN_ID if reason == "stop" else None})
+                   "matched_stop": out["meta_info"]["finish_reason"].get("matched")
+                   if reason == "stop" else None})
     return choice
 
 

@@ -30,6 +30,7 @@ from infra.sglang.roofline import build_roofline
 from infra.sglang.versions import parse_version
 from infra.sim import openai_api
 from infra.sim.config import SimConfig, parse_sim_args
+from infra.sim.constrained import output_controls
 from infra.sim.engine import SimEngine, SimRequest
 from infra.sim.metrics import Snapshot
 from infra.sim.metrics import render as render_metrics
@@ -116,7 +117,8 @@ class SimServer:
         req = await self._run_unless_abandoned(prompt_tokens, result.completion_tokens, request)
         latency = time.monotonic() - started
         self.after_completion()
-        finish: dict[str, Any] = ({"type": "stop", "matched": EOS_TOKEN_ID}
+        matched = result.matched_stop if result.matched_stop is not None else EOS_TOKEN_ID
+        finish: dict[str, Any] = ({"type": "stop", "matched": matched}
                                   if result.finish_reason == "stop"
                                   else {"type": "length", "length": result.completion_tokens})
         text = {} if self.cfg.skip_tokenizer_init else {"text": result.text}
@@ -223,8 +225,8 @@ class Handlers:
         fault = await self.server.maybe_fault(request)
         if fault is not None:
             return fault
-        sampling = dict((body or {}).get("sampling_params") or {})
         try:
+            sampling = output_controls(dict((body or {}).get("sampling_params") or {}))
             outs = await asyncio.gather(*(self.server.generate_one(p, sampling, request)
                                           for p in prompts))
         except ValueError as exc:

@@ -7,6 +7,8 @@ import json
 import random
 from dataclasses import dataclass
 
+from infra.sim.constrained import cut_at_stop, instance
+
 _WORDS = (
     "the model state cache request token batch decode prefill memory slot pool server "
     "throughput latency shard manifest upload plan queue mamba attention layer head "
@@ -22,6 +24,7 @@ class Completion:
     output_ids: list[int]
     completion_tokens: int
     finish_reason: str  # "stop" | "length"
+    matched_stop: str | None = None  # the stop string that ended it, if one did
 
 
 def count_prompt_tokens(text: str) -> int:
@@ -30,16 +33,36 @@ def count_prompt_tokens(text: str) -> int:
 
 
 def complete(prompt: str, sampling: dict[str, object], seed: int) -> Completion:
-    """The completion the simulator gives for this prompt, seed and sampling parameters."""
+    """The completion the simulator gives for this prompt, seed and sampling parameters.
+
+    `stop` (strings) and `json_schema` (a parsed schema) are honoured as SGLang does
+    (infra/sim/constrained.py); the caller refuses what is not."""
     key = json.dumps([prompt, sorted(sampling.items(), key=lambda kv: kv[0]), seed],
                      default=str)
     rng = random.Random(hashlib.sha256(key.encode()).digest())
     max_new = int(sampling.get("max_new_tokens") or 128)  # type: ignore[call-overload]
+    schema = sampling.get("json_schema")
+    if isinstance(schema, dict):
+        return _json_completion(schema, rng, max_new)
     wanted = max(1, int(max_new * rng.uniform(0.3, 1.3)))
     if sampling.get("ignore_eos"):
         wanted = max_new + 1  # SGLang then always runs to max_new_tokens
     n = min(wanted, max_new)
     ids = [rng.randrange(len(_WORDS)) for _ in range(n)]
-    text = " ".join(_WORDS[i] for i in ids)
-    return Completion(text=text, output_ids=ids, completion_tokens=n,
+    stops = sampling.get("stop") or []
+    assert isinstance(stops, list)  # output_controls made it one
+    words, matched = cut_at_stop([_WORDS[i] for i in ids], stops)
+    if matched is not None:
+        return Completion(" ".join(words), ids[:len(words)], max(1, len(words)), "stop", matched)
+    return Completion(text=" ".join(words), output_ids=ids, completion_tokens=n,
                       finish_reason="stop" if wanted <= max_new else "length")
+
+
+def _json_completion(schema: dict[str, object], rng: random.Random, max_new: int) -> Completion:
+    """An instance of the schema as JSON text; cut at max_new_tokens like any output."""
+    text = json.dumps(instance(schema, rng, _WORDS))
+    tokens = count_prompt_tokens(text)
+    if tokens > max_new:
+        text = text[: max_new * 4]
+        return Completion(text, [EOS_TOKEN_ID - 1] * max_new, max_new, "length")
+    return Completion(text, [EOS_TOKEN_ID - 1] * tokens, tokens, "stop")

@@ -94,7 +94,7 @@ def test_metrics_families_are_real_ones(sim_url: str) -> None:
 
 
 @pytest.mark.parametrize(("path", "body", "field"), [
-    ("/v1/completions", {"prompt": "Hi", "stop": ["\n"]}, "stop"),
+    ("/v1/completions", {"prompt": "Hi", "logit_bias": {"5": 1}}, "logit_bias"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                               "response_format": {"type": "json_object"}}, "response_format"),
     ("/v1/completions", {"prompt": "Hi", "n": 0}, "n"),

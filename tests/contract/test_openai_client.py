@@ -86,5 +86,6 @@ def test_streamed_chat_with_usage(client: openai.OpenAI, model: str) -> None:
 def test_what_the_server_refuses_is_a_bad_request(client: openai.OpenAI, model: str) -> None:
     if LIVE_URL:
         pytest.skip("real SGLang honours these fields")
-    with pytest.raises(openai.BadRequestError, match="stop"):
-        client.completions.create(model=model, prompt="Hi", max_tokens=4, stop=["\n"])
+    with pytest.raises(openai.BadRequestError, match="logit_bias"):
+        client.completions.create(model=model, prompt="Hi", max_tokens=4,
+                                  logit_bias={"5": 1})

@@ -24,6 +24,16 @@ def test_valid_jsonl_is_summarized(tmp_path: Path) -> None:
     assert [r["id"] for r in iter_rows(path, 1, 3)] == ["1", "2"]
 
 
+def test_integer_ids_and_the_users_columns_come_through_as_given(tmp_path: Path) -> None:
+    rows = [{"id": 10 + i, "prompt": f"p{i}", "topic": "t", "meta": {"k": i}} for i in range(4)]
+    path = jsonl(tmp_path, rows)
+    s = validate_input(path)
+    assert s.id_dtype == "Int64"
+    got = list(iter_rows(path, 0, 4, batch=2, id_dtype=s.id_dtype))
+    assert [r["id"] for r in got] == [10, 11, 12, 13]
+    assert got[3]["topic"] == "t" and got[3]["meta"] == {"k": 3}
+
+
 def test_parquet_with_messages(tmp_path: Path) -> None:
     path = tmp_path / "p.parquet"
     pl.DataFrame({"id": ["a", "b"], "messages": [[{"role": "user", "content": "x"}],
@@ -44,8 +54,13 @@ def test_openai_batch_jsonl(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("rows", "needle"), [
-    ([{"id": 1, "prompt": "a"}, {"id": 1, "prompt": "b"}], "row 1: duplicate id '1'"),
-    ([{"id": 1, "prompt": "a"}, {"id": 2, "prompt": "  "}], "row 1 (id '2'): empty prompt"),
+    ([{"id": 1, "prompt": "a"}, {"id": 1, "prompt": "b"}], "row 1: duplicate id 1"),
+    # 1 and "1" would be one row once written: the column is read as strings, and they clash
+    ([{"id": 1, "prompt": "a"}, {"id": "1", "prompt": "b"}], "row 1: duplicate id '1'"),
+    ([{"id": 1, "prompt": "a"}, {"id": 2, "prompt": "  "}], "row 1 (id 2): empty prompt"),
+    ([{"id": 1.5, "prompt": "a"}], "`id` is Float64; ids must be integers or strings"),
+    ([{"id": 1, "prompt": "a", "completion": "x"}], "column `completion` is a name the output "
+                                                    "uses; rename it"),
     ([{"prompt": "a"}], "no `id` column"),
     ([{"id": 1, "text": "a"}], "needs a `prompt`, `messages` or `input_ids` column"),
     ([{"id": 1, "prompt": "a"}, {"id": None, "prompt": "b"}], "row 1: `id` is missing"),

@@ -1,0 +1,56 @@
+"""A row becomes the SGLang request it asks for — sampling, stop strings, constraints, sample
+k of n — and an answer becomes an output row with the user's columns and its provenance."""
+
+from __future__ import annotations
+
+import json
+
+from tasks.requests import DispatchOptions, build_request, output_row, sampling_for
+
+OPTS = DispatchOptions("m", None, {"max_new_tokens": 32, "temperature": 0.0, "top_p": 1.0,
+                                   "seed": 7, "ignore_eos": False, "stop": ["END"]},
+                       30.0, 3, 0.01, samples=2)
+
+
+def test_native_request_carries_stop_schema_regex_and_the_samples_seed() -> None:
+    row = {"id": 5, "prompt": "p", "json_schema": {"type": "object"}, "regex": None,
+           "stop": "###", "topic": "x"}
+    path, body = build_request(row, OPTS, sample=1)
+    assert path == "/generate" and body["text"] == "p"
+    params = body["sampling_params"]
+    assert params["temperature"] == 0.0  # a greedy job stays greedy
+    assert params["stop"] == ["###"]  # the row's stop replaces the job's
+    assert json.loads(params["json_schema"]) == {"type": "object"}  # SGLang wants the text
+    assert params["sampling_seed"] == 8 and "regex" not in params and "ignore_eos" not in params
+
+
+def test_chat_request_uses_response_format_for_a_schema() -> None:
+    row = {"id": "a", "messages": [{"role": "user", "content": "x"}],
+           "json_schema": json.dumps({"type": "object"}), "regex": "[a-z]+"}
+    path, body = build_request(row, OPTS)
+    assert path == "/v1/chat/completions"
+    assert body["response_format"]["json_schema"]["schema"] == {"type": "object"}
+    assert body["regex"] == "[a-z]+" and body["stop"] == ["END"] and body["seed"] == 7
+
+
+def test_per_row_sampling_overrides_and_no_seed_stays_none() -> None:
+    opts = DispatchOptions("m", None, {"max_new_tokens": 8, "temperature": 0.7, "top_p": 0.9,
+                                       "seed": None}, 30.0, 3, 0.01, samples=3)
+    assert "seed" not in sampling_for({"id": 1, "prompt": "p"}, opts, 2)
+    assert sampling_for({"id": 1, "prompt": "p", "max_new_tokens": 3}, opts, 0)[
+        "max_new_tokens"] == 3
+
+
+def test_output_row_keeps_or_drops_the_users_columns() -> None:
+    row = {"id": 5, "prompt": "p", "topic": "x"}
+    answer = {"completion": "c", "finish_reason": "stop", "prompt_tokens": 1,
+              "completion_tokens": 1, "cached_tokens": 0}
+    _, body = build_request(row, OPTS)
+    kept = output_row(row, OPTS, 1, answer, body, "server-0", "cfg", "0.5.17", 0.5)
+    assert kept["topic"] == "x" and kept["id"] == 5 and kept["sample_index"] == 1
+    assert kept["model"] == "m" and kept["sglang_version"] == "0.5.17"
+    assert json.loads(kept["sampling_params"])["stop"] == ["END"]
+    lean = output_row(row, DispatchOptions("m", None, {}, 30.0, 3, 0.01,
+                                           keep_input_columns=False),
+                      0, answer, body, "server-0", "cfg", None, 0.5)
+    assert "topic" not in lean and "prompt" not in lean and lean["id"] == 5
