@@ -177,18 +177,18 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
         finally:
             monitor.stop()
             monitor.write(out / "monitor" / f"metrics-{int(time.time())}.parquet")
-    if target:
-        rep = upload(
-            str(out), target, settings.storage.endpoint_url, settings.storage.region,
-            manifest_key, settings.storage.multipart_mb)
-        logger.info("upload to %s: %d new, %d already there", rep.destination, rep.uploaded,
-                    rep.skipped)
     summary = summarize(settings, initial, totals, time.monotonic() - started)
     if totals.capacities:
         _, artifact = write_report(out, summary, monitor.snapshot(), summary.cycles,
                                    hardware_of(settings, None).time_scale, totals.caps_by_epoch)
         create_markdown_artifact(artifact, key="run-report",
                                  description="throughput, pool usage and restarts")
+    if target:  # after the report: the bucket gets it, with the ledger, series and logs
+        rep = upload(
+            str(out), target, settings.storage.endpoint_url, settings.storage.region,
+            manifest_key, settings.storage.multipart_mb, f"nodes/{node}/" if node else "")
+        logger.info("upload to %s: %d new, %d already there", rep.destination, rep.uploaded,
+                    rep.skipped)
     logger.info(format_summary(summary))
     return summary.model_dump()
 

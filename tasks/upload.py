@@ -52,18 +52,42 @@ def upload_entry(dest: Destination, output: Path, entry: ManifestEntry) -> tuple
     return uploaded, skipped
 
 
+# What a run leaves besides shards, for whoever reads the bucket: how it went (report), what
+# the tuner tried (ledger), the fleet's time series, and the servers' logs (secrets redacted
+# when the servers stopped).
+RECORD_FILES = ("report.md", "report.png", "tuning.jsonl", "monitor/*.parquet",
+                "servers/*.log")
+
+
+def upload_records(output: Path, dest: Destination, prefix: str = "") -> int:
+    """Upload the run's records (RECORD_FILES) under `prefix`; skips what is there already."""
+    count = 0
+    for pattern in RECORD_FILES:
+        for path in sorted(output.glob(pattern)):
+            key = prefix + path.relative_to(output).as_posix()
+            digest = file_sha256(path)
+            if dest.sha256_of(key) != digest:
+                dest.put(path, key, digest)
+                count += 1
+    return count
+
+
 def upload_committed(output: Path, dest: Destination,
-                     manifest_key: str = "manifest.jsonl") -> UploadReport:
-    """Make the destination hold every committed shard (verified by sha256), manifest last.
+                     manifest_key: str = "manifest.jsonl",
+                     records_prefix: str = "") -> UploadReport:
+    """Make the destination hold every committed shard (verified by sha256), the run's
+    records, then the manifest last.
 
     A node of a multi-node job publishes its manifest under its own key
-    (`manifests/<node>.jsonl`); the fleet flow merges them."""
+    (`manifests/<node>.jsonl`) and its records under `nodes/<node>/`; the fleet flow merges
+    the manifests."""
     ledger = Ledger(output)
     uploaded = skipped = 0
     for entry in sorted(ledger.committed().values(), key=lambda e: e.shard):
         up, skip = upload_entry(dest, output, entry)
         uploaded += up
         skipped += skip
+    uploaded += upload_records(output, dest, records_prefix)
     for name, key in (("plan.json", "plan.json"), ("manifest.jsonl", manifest_key)):
         path = output / name
         if path.is_file():
@@ -180,7 +204,7 @@ def merge_manifests(dest: Destination) -> list[ManifestEntry]:
       retry_delay_seconds=[2, 8, 30, 60])
 def upload(output: str, target: str, endpoint_url: str | None = None,
            region: str | None = None, manifest_key: str = "manifest.jsonl",
-           multipart_mb: int = 64) -> UploadReport:
+           multipart_mb: int = 64, records_prefix: str = "") -> UploadReport:
     """The final upload, with the same multipart size as the uploads during the run."""
     dest = open_destination(target, endpoint_url, region, multipart_mb)
-    return upload_committed(Path(output), dest, manifest_key)
+    return upload_committed(Path(output), dest, manifest_key, records_prefix)

@@ -51,6 +51,12 @@ def test_every_prompt_has_exactly_one_completion(prefect_api: None, tmp_path: Pa
         assert port_is_free("127.0.0.1", port)
     uploaded = sorted((tmp_path / "bucket" / "shards").glob("*.parquet"))
     assert len(uploaded) == 6 and (tmp_path / "bucket" / "manifest.jsonl").is_file()
+    # The bucket is the run's record too: report, tuning ledger, time series, server logs.
+    bucket = tmp_path / "bucket"
+    assert (bucket / "report.md").is_file() and (bucket / "report.png").is_file()
+    assert (bucket / "tuning.jsonl").is_file() and list((bucket / "monitor").glob("*.parquet"))
+    assert sorted(p.name for p in (bucket / "servers").glob("*.log")) == [
+        "server-0-gpu0.log", "server-1-gpu1.log"]
 
     again = generate(prompts=str(src), output=str(out), gpus=[0, 1], overrides=overrides())
     assert again["prompts_done_this_run"] == 0 and again["already_committed"] == 300
