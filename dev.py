@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
     else:
         # 3 workers on 2 cores: the end-to-end tests spend much of their time waiting on
         # servers and Prefect (measured: 12.9–15.2 min against 16.8 min with 2 workers).
-        default = ["-n", "3", "--dist", "loadgroup"]
+        default = ["-n", "3", "--dist", "loadgroup", "--durations", "15"]
         run = [*cmd, "run", "--frozen", "pytest", *(argv[1:] or default)]
     return subprocess.run(run, cwd=ROOT, env=env).returncode
 

@@ -82,6 +82,20 @@ def sweep(sc: dict, avg_context: float) -> tuple[float, dict]:
     return best
 
 
+def model_figure(sc: dict, server: dict) -> float:
+    """The roofline's tok/s per GPU for these flags (what `propose` compares)."""
+    from infra.sglang.flags import ServerFlags
+    from infra.sglang.memory import plan_memory
+    from infra.sglang.planner import predict_tok_s
+    from infra.sglang.profiles import gpu_profile, model_profile
+    from infra.sglang.versions import parse_version
+
+    model, gpu = model_profile(sc["model"], sc.get("weights_gib")), gpu_profile(sc["gpu"])
+    flags = ServerFlags(**server)
+    plan = plan_memory(model, gpu, flags, parse_version(sc["version"]))
+    return predict_tok_s(model, gpu, flags, plan, 2048.0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenario", choices=sorted(SCENARIOS), default="seed-000")
@@ -135,12 +149,14 @@ def result_line(name: str, gpus: int, sc: dict, summary: dict, entries: list) ->
     canaries = [c["canary"] for c in cycles if c.get("canary")]
     fractions = [0.0 for c in cycles if not c.get("canary")] + [
         c["min_fleet_fraction"] for c in canaries if c["min_fleet_fraction"] is not None]
-    kept = [e for e in entries if e.predicted_tok_s_per_gpu]
-    errors = [c["prediction_error"] for c in canaries
-              if c["outcome"] == "rolled_out" and c["prediction_error"] is not None]
-    if not canaries and kept:  # a whole-fleet restart: its prediction against what it did
-        errors = [abs((kept[-1].predicted_tok_s_per_gpu or 0) / (kept[-1].tok_s_per_gpu or 1)
-                      - 1)]
+    # The kept move's predicted gain (the model's figure for it over its figure for the
+    # start) against the gain the fleet then measured in steady state (final / start).
+    gains = [c["predicted_gain"] for c in canaries if c["outcome"] == "rolled_out"
+             and c["predicted_gain"]]
+    fleet = [c for c in cycles if not c.get("canary") and c.get("predicted_tok_s_per_gpu")]
+    if fleet:  # a whole-fleet restart: its figure over the model's figure for the start
+        gains.append(fleet[-1]["predicted_tok_s_per_gpu"] / model_figure(sc, sc["server"]))
+    errors = [abs(g / (final / start) - 1) for g in gains if start and final]
     return {
         "scenario": name, "gpus": gpus, "prompts": sc["prompts"],
         "start_tok_s": round(start, 1), "final_tok_s": round(final, 1),

@@ -79,18 +79,32 @@ def group_rates(samples: list[Sample], since: float, until: float, canary: set[s
 
 
 def fleet_rate(samples: list[Sample], since: float, until: float, time_scale: float) -> float:
-    """The whole fleet's tok/s over [since, until] (sum over servers)."""
+    """The whole fleet's committed tok/s over [since, until] (sum over servers)."""
     windows = window_stats([s for s in samples if s.t <= until], since, time_scale)
     return sum(w.tok_s for w in windows)
 
 
-def min_fleet_fraction(samples: list[Sample], start: float, end: float, before: float,
-                       span_s: float, time_scale: float) -> float | None:
-    """The lowest fleet rate over any `span_s` window inside [start, end], over `before`."""
+def fleet_decode_rate(samples: list[Sample], since: float, until: float) -> float:
+    """The fleet's decode tok/s over [since, until] from each server's `gen_throughput`
+    gauge, a server that does not answer counting 0. For short windows: the finished-token
+    counter moves in bursts as requests end, the gauge does not."""
+    per_server: dict[str, list[float]] = {}
+    for s in samples:
+        if since <= s.t <= until:
+            value = s.gen_throughput if s.alive and s.gen_throughput is not None else 0.0
+            per_server.setdefault(s.server, []).append(value)
+    return sum(statistics.fmean(v) for v in per_server.values() if v)
+
+
+def min_fleet_fraction(samples: list[Sample], start: float, end: float, span_s: float,
+                       ) -> float | None:
+    """The lowest fleet decode rate over any `span_s` window inside [start, end], as a
+    fraction of the rate over the `span_s` before `start`."""
+    before = fleet_decode_rate(samples, start - span_s, start)
     if before <= 0 or end - start < span_s:
         return None
     ticks = sorted({s.t for s in samples if start + span_s <= s.t <= end})
-    rates = [fleet_rate(samples, t - span_s, t, time_scale) for t in ticks]
+    rates = [fleet_decode_rate(samples, t - span_s, t) for t in ticks]
     return min(rates) / before if rates else None
 
 
@@ -121,8 +135,7 @@ class CanaryRun:
             cycle.outcome, cycle.note = "aborted", str(exc).splitlines()[0]
         cycle.ended_at = self.monitor.now()
         cycle.min_fleet_fraction = min_fleet_fraction(
-            self.monitor.snapshot(), cycle.started_at, cycle.ended_at,
-            cycle.fleet_tok_s_before or 0.0, tuning.window_s / 2, self.time_scale)
+            self.monitor.snapshot(), cycle.started_at, cycle.ended_at, tuning.window_s / 2)
         return cycle
 
     def _cycle(self, cycle: CanaryCycle, current: JobSettings, candidate: JobSettings,

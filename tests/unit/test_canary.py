@@ -44,7 +44,7 @@ def test_min_fleet_fraction_sees_one_server_of_four_out() -> None:
     samples = [s for name in ("server-0", "server-1", "server-2")
                for s in series(name, 100, 0, 60)]
     samples += [s for s in series("server-3", 100, 0, 60) if not 20 <= s.t <= 40]
-    frac = min_fleet_fraction(samples, 20, 40, 400.0, 10.0, 1.0)
+    frac = min_fleet_fraction(samples, 20, 40, 10.0)
     assert frac is not None and 0.74 <= frac <= 0.76
 
 
