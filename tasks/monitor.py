@@ -31,6 +31,10 @@ class Sample:
     mamba_usage: float | None
     gen_throughput: float | None  # the server's own figure (modeled time)
     generation_tokens_total: float | None
+    # Requests the scheduler took back (KV or state ran out mid-decode: a cap the pools do not
+    # sustain thrashes) and the prefix cache's hit rate; None from older series.
+    retracted: float | None = None
+    cache_hit_rate: float | None = None
 
 
 def _generation_tokens(text: str) -> float | None:
@@ -54,7 +58,8 @@ def sample_server(name: str, url: str, api_key: str | None, t: float, epoch: int
     if kv is None:
         kv = rec.get("token_usage")
     return Sample(t, epoch, name, True, rec.get("running_req"), rec.get("queue_req"), kv,
-                  rec.get("mamba_usage"), rec.get("gen_throughput"), _generation_tokens(text))
+                  rec.get("mamba_usage"), rec.get("gen_throughput"), _generation_tokens(text),
+                  rec.get("retracted_req"), rec.get("cache_hit_rate"))
 
 
 class FleetMonitor:
@@ -111,6 +116,7 @@ class FleetMonitor:
         schema = {"t": pl.Float64, "epoch": pl.Int64, "server": pl.String, "alive": pl.Boolean,
                   "running": pl.Int64, "queued": pl.Int64, "kv_usage": pl.Float64,
                   "mamba_usage": pl.Float64, "gen_throughput": pl.Float64,
-                  "generation_tokens_total": pl.Float64}
+                  "generation_tokens_total": pl.Float64, "retracted": pl.Float64,
+                  "cache_hit_rate": pl.Float64}
         pl.DataFrame(rows, schema=schema).write_parquet(path)
         return path

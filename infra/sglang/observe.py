@@ -22,6 +22,7 @@ RECORD_KEYS = (
     "gen_throughput", "input_throughput", "new_seq", "new_token", "cached_token", "accept_len",
     "accept_rate", "graph", "pending_token", "max_total_num_tokens", "max_running_requests",
     "max_mamba_cache_size", "mamba_slots_per_request", "context_len", "version",
+    "retracted_req", "paused_req", "cache_hit_rate",
 )
 READY_LINE = "The server is fired up and ready to roll!"
 
@@ -160,7 +161,8 @@ _METRIC_KEYS = {
     "sglang:gen_throughput": "gen_throughput", "sglang:spec_accept_length": "accept_len",
     "sglang:spec_accept_rate": "accept_rate", "sglang:max_total_num_tokens":
     "max_total_num_tokens", "sglang:context_len": "context_len",
-    "sglang:is_cuda_graph": "graph",
+    "sglang:is_cuda_graph": "graph", "sglang:num_retracted_reqs": "retracted_req",
+    "sglang:num_paused_reqs": "paused_req", "sglang:cache_hit_rate": "cache_hit_rate",
 }
 _RANK_LABELS = ("dp_rank", "tp_rank", "pp_rank")
 

@@ -45,6 +45,10 @@ class CanaryCycle:
     ended_at: float | None = None
     server_restarts: int = 0
     min_fleet_fraction: float | None = None  # lowest fleet rate during the cycle / before
+    canary_retracted: float | None = None  # mean retracted requests per sample, per group
+    control_retracted: float | None = None
+    canary_cache_hit: float | None = None  # prefix-cache hit rate, per group
+    control_cache_hit: float | None = None
     note: str = ""
     restarted: list[float] = field(default_factory=list)  # each server's time out of dispatch
 
@@ -76,6 +80,26 @@ def group_rates(samples: list[Sample], since: float, until: float, canary: set[s
     theirs = [w.tok_s for w in windows if w.server not in canary and w.alive]
     return (statistics.fmean(ours) if ours else None,
             statistics.fmean(theirs) if theirs else None)
+
+
+def group_means(samples: list[Sample], since: float, until: float, canary: set[str],
+                field: str) -> tuple[float | None, float | None]:
+    """Mean of one sampled field (retracted, cache_hit_rate) for the canary and the rest."""
+    ours: list[float] = []
+    theirs: list[float] = []
+    for s in samples:
+        value = getattr(s, field)
+        if since <= s.t <= until and s.alive and value is not None:
+            (ours if s.server in canary else theirs).append(float(value))
+    return (statistics.fmean(ours) if ours else None,
+            statistics.fmean(theirs) if theirs else None)
+
+
+def thrashes(cycle: CanaryCycle) -> bool:
+    """The canary's scheduler keeps taking requests back (its cap is more than its pools
+    sustain, e.g. KV growth of long outputs) while the others do not."""
+    ours, theirs = cycle.canary_retracted, cycle.control_retracted
+    return ours is not None and ours >= 0.5 and ours > 2 * (theirs or 0.0)
 
 
 def fleet_rate(samples: list[Sample], since: float, until: float, time_scale: float) -> float:
@@ -152,14 +176,16 @@ class CanaryRun:
         self.abort.wait(JUDGE_WINDOWS * window)
         if self.abort.is_set():
             raise DispatchEnded("the epoch ended during the canary's window")
-        names = set(cycle.canary_servers)
-        cycle.canary_tok_s, cycle.control_tok_s = group_rates(
-            self.monitor.snapshot(), up + window, self.monitor.now(), names, self.time_scale)
+        self._judge(cycle, up + window)
         gain = cycle.measured_gain
         if gain is None:
             cycle.outcome, cycle.note = "no_work", "no rate to compare (the work ran out?)"
             return
-        if gain >= current.tuning.canary_min_gain:
+        if thrashes(cycle):
+            cycle.note = (f"the canary retracted {cycle.canary_retracted:.1f} requests per "
+                          f"sample (the others {cycle.control_retracted or 0:.1f}): its cap is "
+                          "more than its pools sustain")
+        if gain >= current.tuning.canary_min_gain and not thrashes(cycle):
             rest = [i for i in sorted(self.fleet.config) if i not in canary]
             if self._move(cycle, rest, candidate, "rollout"):
                 cycle.outcome = "rolled_out"
@@ -173,6 +199,16 @@ class CanaryRun:
         else:
             self._move(cycle, canary, current, "rollback")
             cycle.outcome = "rolled_back"
+
+    def _judge(self, cycle: CanaryCycle, since: float) -> None:
+        """Side by side over [since, now]: committed tok/s, retractions, cache hits."""
+        rows, until, names = self.monitor.snapshot(), self.monitor.now(), set(cycle.canary_servers)
+        cycle.canary_tok_s, cycle.control_tok_s = group_rates(rows, since, until, names,
+                                                              self.time_scale)
+        cycle.canary_retracted, cycle.control_retracted = group_means(rows, since, until, names,
+                                                                      "retracted")
+        cycle.canary_cache_hit, cycle.control_cache_hit = group_means(rows, since, until, names,
+                                                                      "cache_hit_rate")
 
     def _move(self, cycle: CanaryCycle, indexes: list[int], settings: JobSettings,
               tag: str) -> bool:

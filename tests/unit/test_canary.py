@@ -60,3 +60,19 @@ def test_pinned_pools_keep_every_memory_flag() -> None:
     assert kept.mamba_strategy == "no_buffer" and kept.max_running_requests == 256
     assert (kept.mem_fraction_static, kept.max_total_tokens, kept.max_mamba_cache_size) == (
         0.25, 400000, 600)
+
+
+def test_a_canary_that_keeps_retracting_is_a_thrash() -> None:
+    from dataclasses import replace
+
+    from tasks.tuning.canary import group_means, thrashes
+
+    calm = series("server-0", 100, 0, 20)
+    busy = [replace(s, server="server-1", retracted=3.0, cache_hit_rate=0.1)
+            for s in series("server-1", 160, 0, 20)]
+    ours, theirs = group_means(calm + busy, 5, 20, {"server-1"}, "retracted")
+    assert (ours, theirs) == (3.0, None)
+    cycle = CanaryCycle("x", ["server-1"], 1.5, 0.0, canary_tok_s=160, control_tok_s=100,
+                        canary_retracted=ours, control_retracted=theirs)
+    assert thrashes(cycle)  # faster on paper, but it is taking requests back
+    assert not thrashes(CanaryCycle("x", ["server-1"], 1.5, 0.0, canary_retracted=0.2))
