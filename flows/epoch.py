@@ -179,7 +179,7 @@ def _watch(live: LiveConfig, hw: Hardware, plan: MemoryPlan | None, caps: list[C
         return gain_to_pay_for_restart(left, per_prompt, server_tok_s, len(caps), cost,
                                        tuning.min_predicted_gain, tuning.restart_payback)
 
-    best = ctx.ledger.best()
+    best = ctx.ledger.best(config_key(settings.server, settings.client.concurrency_per_server))
     return RegressionWatch(
         ctx.monitor, {f"server-{c.index}": c.max_running_requests for c in caps}, plan,
         hw.time_scale, tuning.window_s, tuning.target_tok_s_per_gpu,

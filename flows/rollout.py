@@ -71,7 +71,11 @@ def canary_handler(live: LiveConfig, fleet: RollingFleet, ctx: JobContext, tuner
             caps = {f"server-{c.index}": c.max_running_requests for c in fleet.capacities()}
             ctx.totals.caps_by_epoch[epoch] = caps
             ctx.totals.capacities = fleet.capacities()
-            w.reconfigured(caps, hw.plan(candidate), cycle.canary_tok_s)
+            # Judged afresh; a rollback compares with the best *other* config (the canary's
+            # own figure read a wave of first completions: 1,829 against a steady 1,545).
+            other = ctx.ledger.best(config_key(candidate.server,
+                                               candidate.client.concurrency_per_server))
+            w.reconfigured(caps, hw.plan(candidate), other.tok_s_per_gpu if other else None)
         if tuner.restarts >= current.tuning.max_restarts:
             w.enabled = False
         return True

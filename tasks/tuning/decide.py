@@ -80,7 +80,7 @@ def decide_next(result: WatchResult | None, failure: str | None, epoch: int,
     if result is not None and result.triggered and result.reason.startswith("rollback"):
         ledger.record(LedgerEntry(epoch, dump, key, concurrency, "rolled_back", measured,
                                   predicted, result.reason, now))
-        best = ledger.best()
+        best = ledger.best(other_than=key)
         if best is None:
             return None, mem_ceiling
         return NextConfig(ledger.flags_of(best), best.concurrency, result.reason,

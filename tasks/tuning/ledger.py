@@ -50,8 +50,11 @@ class TuningLedger:
     def flags_of(self, entry: LedgerEntry) -> ServerFlags:
         return ServerFlags.model_validate(entry.flags)
 
-    def best(self) -> LedgerEntry | None:
-        measured = [e for e in self.entries() if e.outcome == "measured" and e.tok_s_per_gpu]
+    def best(self, other_than: str | None = None) -> LedgerEntry | None:
+        """The fastest measured config (other than `other_than`, a config key: after a
+        rollout the running config is in the ledger, and no rollback goes back to itself)."""
+        measured = [e for e in self.entries() if e.outcome == "measured" and e.tok_s_per_gpu
+                    and config_key(self.flags_of(e), e.concurrency) != other_than]
         return max(measured, key=lambda e: e.tok_s_per_gpu or 0.0) if measured else None
 
 
