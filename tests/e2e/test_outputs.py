@@ -1,6 +1,7 @@
 """The output keeps the user's data and says how each row was made: integer ids and extra
 columns as given, n samples per prompt, stop strings and a JSON schema per row honoured,
-provenance per row — and the shards join back to the input without a cast."""
+provenance per row — and the shards join back to the input without a cast, and read as a
+dataset with pyarrow and Hugging Face `datasets`."""
 
 from __future__ import annotations
 
@@ -80,3 +81,23 @@ def test_ids_columns_samples_stops_and_schemas(prefect_api: None, tmp_path: Path
     assert export_jsonl(out, tmp_path / "rows.jsonl") == 240
     back = pl.read_ndjson(tmp_path / "rows.jsonl")
     assert back.schema["id"] == pl.Int64 and "topic" in back.columns
+    check_readers(out, tmp_path)
+
+
+def check_readers(out: Path, tmp_path: Path) -> None:
+    """The shards read as a dataset with the libraries people train with."""
+    import os
+
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(out / "shards", format="parquet").to_table()
+    assert table.num_rows == 240 and str(table.schema.field("id").type) == "int64"
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from datasets import load_dataset
+
+    files = sorted(str(p) for p in (out / "shards").glob("*.parquet"))
+    data = load_dataset("parquet", data_files=files, split="train",
+                        cache_dir=str(tmp_path / "hf-cache"))
+    assert data.num_rows == 240 and data.features["id"].dtype == "int64"
+    assert set(data.unique("sample_index")) == {0, 1}
+    assert {"topic", "completion", "sampling_params", "model"} <= set(data.column_names)
