@@ -20,7 +20,7 @@ import pytest
 from tests.conftest import free_port_block
 
 ROOT = Path(__file__).resolve().parents[2]
-PROMPTS, SHARD, SAMPLES = 1200, 100, 2
+PROMPTS, SHARD, SAMPLES = 600, 50, 2
 
 
 def cli(src: Path, out: Path, target: str, env: dict[str, str],
