@@ -199,18 +199,30 @@ def write_report(output: Path, summary: RunSummary | dict[str, Any], samples: li
     return path, body.replace("{image}", inline)
 
 
+def _cycle_row(c: dict[str, Any]) -> str:
+    """One tuning cycle: a canary's verdict with its measured gain, or a fleet restart."""
+    measured, predicted = (c.get(k) for k in ("measured_tok_s_per_gpu",
+                                              "predicted_tok_s_per_gpu"))
+    canary = c.get("canary")
+    if canary:
+        gain = canary.get("measured_gain")
+        how = f"canary on {', '.join(canary['canary_servers'])}"
+        verdict = canary["outcome"].replace("_", " ") + (f", {gain:.2f}× measured" if gain
+                                                          else "")
+    else:
+        how, verdict = "whole fleet restarted", "-"
+    return (f"| {c['epoch']} | {c['diagnosis']} | {f'{measured:,.0f}' if measured else '-'} | "
+            f"{f'{predicted:,.0f}' if predicted else '-'} | {how} | {verdict} | "
+            f"{c['reason']} |")
+
+
 def _markdown(summary: RunSummary, cycles: list[dict[str, Any]]) -> str:
     lines = ["# expansion run report", "", *(f"- {line}" for line in summary_lines(summary)),
              "", "{image}", ""]
     if cycles:
-        lines += ["## Restarts", "", "| epoch | measured tok/s/GPU | diagnosis | predicted for "
-                  "the next config | reason |", "|---|---|---|---|---|"]
-        for c in cycles:
-            measured, predicted = (c.get(k) for k in ("measured_tok_s_per_gpu",
-                                                      "predicted_tok_s_per_gpu"))
-            lines.append(f"| {c['epoch']} | {f'{measured:,.0f}' if measured else '-'} | "
-                         f"{c['diagnosis']} | {f'{predicted:,.0f}' if predicted else '-'} | "
-                         f"{c['reason']} |")
+        lines += ["## Tuning cycles", "", "| epoch | diagnosis | measured tok/s/GPU | predicted "
+                  "for the candidate | how | verdict | reason |", "|---|---|---|---|---|---|---|"]
+        lines += [_cycle_row(c) for c in cycles]
         lines.append("")
     lines += ["## Servers", "", "| server | max_running_requests | max_total_num_tokens | "
               "mamba slots |", "|---|---|---|---|"]

@@ -59,7 +59,8 @@ def test_seed_000_finds_the_mamba_bottleneck_and_gains_2_4x(prefect_api: None,
     final = {k: v for k, v in best.flags.items() if v is not None and k != "extra_args"}
     assert {k: v for k, v in summary["final_server_flags"].items() if k in final} == final
     report = (out / "report.md").read_text()
-    assert "## Restarts" in report and "mamba-bound" in report
+    assert "## Tuning cycles" in report and "mamba-bound" in report
+    assert "canary on server-1 | rolled out" in report
     # Two servers: the move was tried on one while the other kept generating, then rolled.
     cycle = summary["cycles"][0]
     assert cycle["kind"] == "canary" and cycle["canary"]["outcome"] == "rolled_out", cycle

@@ -93,3 +93,14 @@ def test_lines_break_where_sampling_stopped() -> None:
 
     xs, ys = _gapped([(0, 1.0), (1, 2.0), (10, 3.0)], max_gap=2.5)
     assert xs == [0, 1, 1, 10] and math.isnan(ys[2]) and ys[3] == 3.0
+
+
+def test_report_table_says_how_each_cycle_ended() -> None:
+    from flows.report import _cycle_row
+
+    row = _cycle_row({"epoch": 1, "diagnosis": "request-capped", "measured_tok_s_per_gpu": 8075.0,
+                      "predicted_tok_s_per_gpu": 15013.3, "reason": "canary rolled_back — …",
+                      "canary": {"canary_servers": ["server-2"], "outcome": "rolled_back",
+                                 "measured_gain": 0.96}})
+    assert row == ("| 1 | request-capped | 8,075 | 15,013 | canary on server-2 | rolled back, "
+                   "0.96× measured | canary rolled_back — … |")
