@@ -16,20 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import (
-    create_markdown_artifact,
-    create_table_artifact,
-)
+from prefect.artifacts import create_markdown_artifact
 
 from flows.epoch import EpochOutcome, JobContext, TunerState, run_epoch
-from flows.job import Cycle, Progress, RunTotals, hardware_of
+from flows.job import Cycle, Progress, RunTotals, cycles_artifact, hardware_of
 from flows.report import write_report
 from flows.summary import RunSummary, ServerSummary, format_summary
 from infra.processes import ephemeral_port_warning
 from infra.prompts import validate_input
 from infra.settings import NULL, JobSettings, load_settings
 from infra.sglang.planner import MAX_MEM_FRACTION
-from infra.sglang.profiles import model_profile
 from infra.storage import Destination, open_destination
 from tasks.capacity import capacity_note
 from tasks.engines import engine_for
@@ -37,6 +33,7 @@ from tasks.health import ServerStartFailed
 from tasks.monitor import FleetMonitor
 from tasks.servers import (
     build_launch_specs,
+    model_is_hybrid,
     registry_for,
     stop_fleet,
 )
@@ -81,19 +78,12 @@ def preflight(settings: JobSettings, check_input: bool = True) -> list[str]:
     engine_for(settings).check_before_start(settings)
     warnings = [w for w in [ephemeral_port_warning([s.port for s in specs])] if w]
     if (settings.servers_per_gpu > 1 and settings.tuning.enabled
-            and not pools_pinned(settings.server, _is_hybrid(settings))):
+            and not pools_pinned(settings.server, model_is_hybrid(settings))):
         warnings.append(f"servers_per_gpu={settings.servers_per_gpu}: tuning is off, because "
                         "the memory model plans whole GPUs; pin each server's pools "
                         "(server.max_total_tokens, and server.max_mamba_cache_size on a hybrid "
                         "model) to let it try moves that keep them")
     return warnings
-
-
-def _is_hybrid(settings: JobSettings) -> bool:
-    try:
-        return model_profile(settings.model, settings.weights_gib).hybrid
-    except ValueError:
-        return True  # unknown: ask for both pins
 
 
 def _stop_fleet_hook(flow_: Any, flow_run: Any, state: Any) -> None:
@@ -252,8 +242,7 @@ def _restart_with(settings: JobSettings, decision: NextConfig, outcome: EpochOut
         predicted_tok_s_per_gpu=decision.predicted_tok_s_per_gpu,
         triggered_at=result.triggered_at if result else None))
     ctx.logger.warning("restart %d: %s", tuner.restarts, decision.reason)
-    create_table_artifact(key="tuning-ledger", description="configs tried",
-                          table=[c.record() for c in ctx.totals.cycles])
+    cycles_artifact(ctx.totals.cycles)
     return settings.model_copy(update={
         "server": decision.flags,
         "client": settings.client.model_copy(

@@ -105,6 +105,12 @@ def hardware_of(settings: JobSettings, server_version: str | None) -> Hardware:
     return Hardware(model, gpu, version, engine.time_scale(settings))
 
 
+def cycles_artifact(cycles: list[Cycle]) -> None:
+    """The tuning-ledger table in the Prefect UI, rewritten after each cycle."""
+    create_table_artifact(key="tuning-ledger", description="configs tried",
+                          table=[c.record() for c in cycles])
+
+
 def capacity_artifact(settings: JobSettings, caps: list[Capacity]) -> None:
     create_table_artifact(
         key="fleet-capacity", description="servers: config and measured capacity",

@@ -13,9 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from prefect.artifacts import create_table_artifact
-
-from flows.job import Cycle, Hardware
+from flows.job import Cycle, Hardware, cycles_artifact
 from infra.settings import JobSettings
 from tasks.rolling import RollingFleet
 from tasks.tuning.canary import CanaryCycle, CanaryRun
@@ -109,8 +107,7 @@ def record_cycle(cycle: CanaryCycle, current: JobSettings, candidate: JobSetting
         new_concurrency=cand_conc, predicted_tok_s_per_gpu=proposal.predicted_tok_s_per_gpu,
         cycle_seconds=round((cycle.ended_at or cycle.started_at) - cycle.started_at, 2),
         kind="canary", canary=cycle.record()))
-    create_table_artifact(key="tuning-ledger", description="configs tried",
-                          table=[c.record() for c in ctx.totals.cycles])
+    cycles_artifact(ctx.totals.cycles)
     ctx.logger.warning("canary %s: canary %s vs control %s tok/s per server (%s measured, %s "
                        "predicted), %d server restarts, fleet never below %s of before",
                        cycle.outcome, _num(cycle.canary_tok_s), _num(cycle.control_tok_s),

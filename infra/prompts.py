@@ -112,9 +112,9 @@ def validate_input(path: Path) -> InputSummary:
         _check_utf8(path)
     lf, fmt, kind = open_input(path)
     try:
-        ids = lf.select(pl.col("id")).collect()["id"]
-        if fmt == "jsonl":  # the whole file decides the type, not its first 1,000 rows
-            ids = pl.scan_ndjson(path, infer_schema_length=None).select("id").collect()["id"]
+        # JSONL: the whole file decides the id's type, not its first 1,000 rows (one scan)
+        source = (pl.scan_ndjson(path, infer_schema_length=None) if fmt == "jsonl" else lf)
+        ids = source.select(pl.col("id")).collect()["id"]
         bad = lf.with_row_index("row").filter(_empty(kind)).select("row", "id").head(1).collect()
     except pl.exceptions.PolarsError as exc:
         raise InputError(f"prompts: {path}: {_first_line(exc)}") from exc

@@ -7,7 +7,6 @@ a process is only ever signalled if its pid *and* start time match what we recor
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -54,15 +53,22 @@ def resolve_version(settings: JobSettings) -> SGLangVersion:
     return engine_for(settings).version(settings)
 
 
+def model_is_hybrid(settings: JobSettings) -> bool:
+    """Whether the model has mamba layers; a model without a profile counts as hybrid (SGLang
+    decides its flags; we only lose planning)."""
+    try:
+        return model_profile(settings.model, settings.weights_gib).hybrid
+    except ValueError:
+        return True
+
+
 def build_launch_specs(settings: JobSettings, output: Path, epoch: int = 1) -> list[LaunchSpec]:
     """One LaunchSpec per GPU: argv, env (CUDA_VISIBLE_DEVICES, sim knobs), port, log file.
 
     Each fleet configuration (epoch) of a job logs to its own files."""
     engine = engine_for(settings)
     version = engine.version(settings)
-    hybrid = True  # a model without a profile: SGLang decides; we only lose planning
-    with contextlib.suppress(ValueError):
-        hybrid = model_profile(settings.model, settings.weights_gib).hybrid
+    hybrid = model_is_hybrid(settings)
     api_key = settings.api_key.get_secret_value() if settings.api_key else None
     specs = []
     placement = [(gpu, k) for gpu in settings.gpus for k in range(settings.servers_per_gpu)]

@@ -78,14 +78,15 @@ def instance(schema: dict[str, Any], rng: random.Random, words: list[str]) -> An
 
 
 def cut_at_stop(words: list[str], stops: list[str]) -> tuple[list[str], str | None]:
-    """The words before the first stop string (which is trimmed), and the one matched."""
-    text = ""
-    for i, word in enumerate(words):
-        text = f"{text} {word}" if i else word
-        for stop in stops:
-            if stop and stop in text:
-                return words[:i], stop
-    return words, None
+    """The words before the first stop string (the word it ends in is trimmed with it), and
+    the one matched: found in one pass over the joined text (this runs per request)."""
+    text = " ".join(words)
+    found = [(text.find(s) + len(s), s) for s in stops if s and s in text]
+    if not found:
+        return words, None
+    end, stop = min(found)
+    # the word in which the earliest match ends, counted by the spaces before that point
+    return words[:text.count(" ", 0, end - 1)], stop
 
 
 def output_controls(sampling: dict[str, Any]) -> dict[str, Any]:

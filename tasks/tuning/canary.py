@@ -43,14 +43,17 @@ class CanaryCycle:
     control_tok_s: float | None = None
     fleet_tok_s_before: float | None = None
     ended_at: float | None = None
-    server_restarts: int = 0
     min_fleet_fraction: float | None = None  # lowest fleet rate during the cycle / before
     canary_retracted: float | None = None  # mean retracted requests per sample, per group
     control_retracted: float | None = None
     canary_cache_hit: float | None = None  # prefix-cache hit rate, per group
     control_cache_hit: float | None = None
     note: str = ""
-    restarted: list[float] = field(default_factory=list)  # each server's time out of dispatch
+    restarted: list[float] = field(default_factory=list)  # each restart's time out of dispatch
+
+    @property
+    def server_restarts(self) -> int:
+        return len(self.restarted)
 
     @property
     def measured_gain(self) -> float | None:
@@ -68,7 +71,8 @@ class CanaryCycle:
 
     def record(self) -> dict[str, Any]:
         out = asdict(self)
-        out.update(measured_gain=self.measured_gain, prediction_error=self.prediction_error)
+        out.update(measured_gain=self.measured_gain, prediction_error=self.prediction_error,
+                   server_restarts=self.server_restarts)
         return out
 
 
@@ -225,6 +229,5 @@ class CanaryRun:
                 cycle.note = f"server-{index} ({tag}): {str(exc).splitlines()[0][:300]}"
                 return False
             if done.restarted:
-                cycle.server_restarts += 1
                 cycle.restarted.append(round(done.out_s, 2))
         return True
