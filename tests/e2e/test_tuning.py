@@ -74,11 +74,11 @@ def test_canary_that_loses_is_rolled_back_while_the_fleet_keeps_generating(
         prefect_api: None, tmp_path: Path) -> None:
     # A bar no move can clear: the canary must go back, the other three never stop.
     summary, out = run(
-        tmp_path, 1500, 4, model="qwen3.6-27b-fp8", **{
+        tmp_path, 2500, 4, model="qwen3.6-27b-fp8", **{
             "sim.gpu": "rtx-pro-6000", "sim.time_scale": 20.0,
             "server.mamba_strategy": "extra_buffer", "client.concurrency_per_server": 32,
             "sampling.max_new_tokens": 2048, "tuning.canary_min_gain": 50.0,
-            "tuning.max_restarts": 1})
+            "tuning.max_restarts": 1, "tuning.restart_payback": 1.0})
     (cycle,) = summary["cycles"]
     canary = cycle["canary"]
     # On a loaded machine the first look can read client-bound (a client-only move: no

@@ -91,7 +91,8 @@ def test_diagnose_a_live_simulated_server(sim_fleet) -> None:
                 except httpx.HTTPError:
                     return  # the server is being stopped at the end of the test
 
-    threads = [threading.Thread(target=load, daemon=True) for _ in range(32)]
+    # well over the cap of 31, so a loaded machine still keeps a queue at the server
+    threads = [threading.Thread(target=load, daemon=True) for _ in range(40)]
     for t in threads:
         t.start()
     try:
