@@ -14,6 +14,8 @@
 #                                      (job_tiny_canary.toml, N prompts)
 #   outputs N  carry [".real-sglang"]  n=2, stop, JSON schema per row, integer ids and an
 #                                      extra column through real SGLang with xgrammar
+#   limits [S] carry [".real-sglang"]  retraction under a small KV pool and prefix-cache reuse
+#                                      under each mamba strategy (probe_limits.py)
 # Results go to $OUT (at most 8 files come back): logs and tars of the output folders.
 set -uo pipefail
 D=/tmp/expdeps; ROOT=$PWD; RT=/tmp/real-sglang-rt
@@ -26,6 +28,9 @@ sed -e "s#^H=.*#H=$ROOT/.real-sglang#" -e "s#^R=.*#R=$RT; mkdir -p \"\$R\"#" \
 printf '#!/bin/bash\nunset PYTHONPATH\nexec bash /tmp/run-sglang.sh python3 "$@"\n' > /tmp/sglpy
 chmod +x /tmp/sglpy
 need_deps() { [ -d $D/prefect ] || { echo "no /tmp/expdeps: run 'deps' first on this machine"; exit 5; }; }
+# asyncpg (Prefect's server imports it) rides in .whlx/ with .real-sglang: unpack it when carried
+[ -d $D ] && [ ! -d $D/asyncpg ] && ls .whlx/asyncpg-*.whl >/dev/null 2>&1 &&
+  python3 -c "import zipfile,glob; [zipfile.ZipFile(f).extractall('$D') for f in glob.glob('.whlx/asyncpg-*.whl')]"
 wait_health() {  # URL SECONDS
   python3 - "$1" "$2" <<'PY'
 import sys, time, urllib.request
@@ -117,5 +122,10 @@ outputs)
     | tee $OUT/outputs-check.json
   tar -czf $OUT/outputs-output.tar.gz -C /tmp outputs
   ;;
-*) echo "usage: device.sh deps|warm|e2e ROWS|fleet|canary ROWS|outputs ROWS"; exit 2;;
+limits)
+  need_deps
+  PYTHONPATH=$D:$ROOT timeout 590 python3 bench/real_sglang/probe_limits.py --out $OUT \
+    --budget-s "${2:-540}" "${@:3}" 2>&1 | tee $OUT/limits.log
+  ;;
+*) echo "usage: device.sh deps|warm|e2e ROWS|fleet|canary ROWS|outputs ROWS|limits [BUDGET_S]"; exit 2;;
 esac
