@@ -59,6 +59,10 @@ class ClientSettings(BaseModel):
     request_timeout_s: float = Field(600.0, gt=0)
     max_attempts: int = Field(5, ge=1, le=100, description="tries per prompt on transient errors")
     backoff_s: float = Field(0.5, gt=0, description="first retry delay (doubles, with jitter)")
+    prefix_affinity_chars: int = Field(
+        1024, ge=0, le=1_000_000,
+        description="prompts whose first N characters (token ids: N/4) agree go to one server, "
+                    "one of them first, so the radix cache reuses their prefix; 0: off")
 
 
 class SimSettings(BaseModel):

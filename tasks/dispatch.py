@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 from infra.sglang.client import auth_headers, tls_context
+from tasks.affinity import AffinityQueue
 from tasks.requests import (
     DispatchOptions,
     MalformedAnswer,
@@ -121,7 +122,8 @@ class Dispatcher:
         self.stop = stop or asyncio.Event()
         self.drain_timeout_s = drain_timeout_s
         self.stats = DispatchStats()
-        self._queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self._queue = AffinityQueue(opts.prefix_key_chars,
+                                    lambda: [e.name for e in self._live()])
         self._shards: dict[int, _Shard] = {}
         self._dead: set[str] = set()
         self._connect_failures: dict[str, int] = {}
@@ -217,6 +219,7 @@ class Dispatcher:
         self._retired.discard(endpoint.name)
         self._dead.discard(endpoint.name)
         self._connect_failures[endpoint.name] = 0
+        self._queue.forget(endpoint.name)  # restarted: its prefix cache is empty
         await self._start_workers([endpoint])
 
     def in_flight_on(self, name: str) -> int:
@@ -256,7 +259,7 @@ class Dispatcher:
         while self._serves(ep, generation):
             if self.stop.is_set():
                 return
-            item = await self._queue.get()
+            item = await self._queue.get(ep.name)
             self._queued[item.shard] -= 1
             if self.stop.is_set() or not self._serves(ep, generation):
                 self._put(item)  # stopped, died or left while we waited: hand it on
@@ -278,6 +281,7 @@ class Dispatcher:
         try:
             answer = await self._post(ep, client, path, body)
         except _Permanent as exc:
+            self._queue.done(item)
             await self._record_error(item, str(exc))
             return
         except _Transient as exc:
@@ -290,6 +294,7 @@ class Dispatcher:
                 if fails >= DEAD_AFTER_CONNECT_FAILURES:
                     self._dead.add(ep.name)
             if item.attempts >= self.opts.max_attempts:
+                self._queue.done(item)
                 await self._record_error(
                     item, f"failed {item.attempts} times; last: {item.last_error}")
                 return
@@ -298,6 +303,7 @@ class Dispatcher:
             self._put(item)
             return
         self._connect_failures[ep.name] = 0
+        self._queue.done(item)
         row = output_row(item.row, self.opts, item.sample, answer, body, ep.name, ep.config,
                          ep.version, time.monotonic() - started)
         shard = self._shards[item.shard]
@@ -309,7 +315,7 @@ class Dispatcher:
 
     def _put(self, item: _Item) -> None:
         self._queued[item.shard] = self._queued.get(item.shard, 0) + 1
-        self._queue.put_nowait(item)
+        self._queue.put(item)
 
     async def _post(self, ep: Endpoint, client: httpx.AsyncClient, path: str,
                     body: dict[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ class DispatchOptions:
     backoff_s: float
     samples: int = 1  # n: output rows per prompt, sample_index 0..n-1
     keep_input_columns: bool = True
+    prefix_key_chars: int = 0  # prefix affinity (tasks/affinity.py); 0: off
 
 
 def sampling_for(row: dict[str, Any], opts: DispatchOptions, sample: int) -> dict[str, Any]:

@@ -101,6 +101,7 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
         backoff_s=settings.client.backoff_s,
         samples=s.n,
         keep_input_columns=settings.keep_input_columns,
+        prefix_key_chars=settings.client.prefix_affinity_chars,
     )
 
     async def commit(shard: int, rows: list[dict[str, Any]],

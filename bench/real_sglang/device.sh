@@ -14,6 +14,8 @@
 #                                      (job_tiny_canary.toml, N prompts)
 #   outputs N  carry [".real-sglang"]  n=2, stop, JSON schema per row, integer ids and an
 #                                      extra column through real SGLang with xgrammar
+#   affinity G carry [".real-sglang"]  G groups of 4 prompts sharing a long prefix, 3 servers:
+#                                      prefix affinity off, then on (job_tiny_affinity.toml)
 #   limits [S] carry [".real-sglang"]  retraction under a small KV pool and prefix-cache reuse
 #                                      under each mamba strategy (probe_limits.py)
 # Results go to $OUT (at most 8 files come back): logs and tars of the output folders.
@@ -121,6 +123,39 @@ outputs)
   PYTHONPATH=$D:$ROOT python3 bench/real_sglang/check_outputs.py check /tmp/outputs-in.jsonl /tmp/outputs \
     | tee $OUT/outputs-check.json
   tar -czf $OUT/outputs-output.tar.gz -C /tmp outputs
+  ;;
+affinity)
+  need_deps
+  python3 - "${2:-1200}" <<'PY' > /tmp/affinity.jsonl
+import json, random, sys
+words = ("state cache request token batch decode prefill memory slot pool server shard plan "
+         "queue mamba attention layer kernel graph prompt answer reason data train value").split()
+for g in range(int(sys.argv[1])):
+    rng = random.Random(g)
+    doc = " ".join(rng.choice(words) for _ in range(700))
+    for k in range(4):
+        print(json.dumps({"id": 4 * g + k, "prompt": f"Document {g}: {doc}\n\nQuestion {k}: "
+                          f"what does line {k} say about {rng.choice(words)}?"}))
+PY
+  for mode in off on; do
+    chars=1024; [ $mode = off ] && chars=0
+    rm -rf /tmp/aff-$mode
+    PYTHONPATH=$D:$ROOT timeout 280 python3 -m expansion.cli run --config bench/real_sglang/job_tiny_affinity.toml \
+      --prompts /tmp/affinity.jsonl --output /tmp/aff-$mode --set python=/tmp/sglpy \
+      --set client.prefix_affinity_chars=$chars 2>&1 | tee $OUT/affinity-$mode.log
+    PYTHONPATH=$D:$ROOT python3 - /tmp/aff-$mode <<'PY' | tee $OUT/affinity-$mode.json
+import glob, json, sys
+import polars as pl
+df = pl.concat([pl.read_parquet(f) for f in sorted(glob.glob(sys.argv[1] + "/shards/*.parquet"))])
+print(json.dumps({"rows": df.height, "unique_ids": df["id"].n_unique(),
+                  "prompt_tokens": int(df["prompt_tokens"].sum()),
+                  "cached_tokens": int(df["cached_tokens"].sum()),
+                  "cached_share": round(df["cached_tokens"].sum() / df["prompt_tokens"].sum(), 4),
+                  "by_server": df.group_by("server").agg(pl.len(), pl.col("cached_tokens").sum(),
+                                                        pl.col("prompt_tokens").sum()).sort("server").to_dicts()}))
+PY
+    tar -czf $OUT/aff-$mode.tar.gz -C /tmp aff-$mode --exclude='*.parquet'
+  done
   ;;
 limits)
   need_deps

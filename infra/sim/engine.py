@@ -1,8 +1,19 @@
 """Continuous batching limited by both pools, paced by the roofline in modeled GPU time.
 
 Requests wait in a FIFO queue; a request runs when a request slot, its mamba slots (ρ per
-running request) and KV room for its prompt are free. Each loop iteration advances all running
-requests by a chunk of decode steps, sleeping the modeled time divided by the time scale.
+running request) and KV room for it are free. Room is judged as SGLang 0.5.17 does
+(schedule_policy.py): the new request's uncached prompt plus all of its max_new_tokens (at
+most 4,096), against the free pool less what the running requests are expected to still
+write — their remaining max_new_tokens × `new_token_ratio`, a ratio that starts at 0.7 and
+decays to 0.098 over 600 decode steps. That admits more than the pool sustains when outputs
+run long, and decode then *retracts*: the requests with the fewest output tokens go back to
+the queue (to be prefilled again, output included) until the next step fits, and the ratio
+jumps to what the remaining ones have written. Measured on the H200 with a 24,576-token pool
+and 64 + ≤1,024-token requests: none at 32 clients, 11 at 96, 138 in 35 s at 96 with
+ignore_eos (bench/real_sglang/data/2026-12-01-h200-s6/).
+Prompts reuse cached prefixes as the mamba strategy allows (infra/sim/prefix_cache.py).
+Each loop iteration advances all running requests by a chunk of decode steps, sleeping the
+modeled time divided by the time scale.
 """
 
 from __future__ import annotations
@@ -17,9 +28,19 @@ from dataclasses import dataclass, field
 from infra.sglang.memory import MemoryPlan
 from infra.sglang.roofline import Roofline
 from infra.sim.metrics import RequestLatencies
+from infra.sim.prefix_cache import PrefixCache
 
 # The shortest wall-clock sleep per loop iteration: keeps the loop cheap at high time scales.
 MIN_WALL_CHUNK_S = 0.004
+GATHER_S = 0.002  # an idle scheduler's wait for the rest of a burst of requests
+# SGLang's defaults (environ.py, schedule_policy.py): SGLANG_INIT_NEW_TOKEN_RATIO,
+# ..._MIN_NEW_TOKEN_RATIO_FACTOR, ..._NEW_TOKEN_RATIO_DECAY_STEPS, ..._RETRACT_DECODE_STEPS,
+# SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION.
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
+RATIO_DECAY_PER_STEP = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
+RETRACT_DECODE_STEPS = 20
+CLIP_MAX_NEW_TOKENS = 4096
 
 
 @dataclass
@@ -32,6 +53,15 @@ class SimRequest:
     arrived_at: float = 0.0  # modeled clock: queued, admitted, first token
     admitted_at: float | None = None
     first_token_at: float | None = None
+    max_new_tokens: int = 0  # what the client allowed (0: the target); sets the reservation
+    data: bytes = b""  # the prompt as tokens, for the prefix cache
+    cached_tokens: int = 0
+    retractions: int = 0
+
+    def reserve(self) -> int:
+        """Tokens SGLang expects this request may still write (before the ratio)."""
+        limit = self.max_new_tokens or self.target_tokens
+        return min(limit - int(self.generated), CLIP_MAX_NEW_TOKENS)
 
 
 @dataclass
@@ -47,6 +77,11 @@ class EngineStats:
     generation_tokens_total: int = 0
     requests_total: int = 0
     decode_steps: int = 0
+    retracted_last: int = 0  # retracted at the last retraction (SGLang's gauge)
+    retracted_total: int = 0
+    cached_tokens_total: int = 0
+    cache_hit_rate: float = 0.0  # over the recent prefill batches
+    new_token_ratio: float = INIT_NEW_TOKEN_RATIO
 
 
 def tracking_slots(strategy: str, overlap: bool, prefix_state: bool = False) -> int:
@@ -69,7 +104,8 @@ class SimEngine:
 
     def __init__(self, plan: MemoryPlan, roofline: Roofline, time_scale: float,
                  log: Callable[[str], None], decode_log_interval: int = 40,
-                 prefix_state: bool = False, max_chunk_steps: int | None = None) -> None:
+                 prefix_state: bool = False, max_chunk_steps: int | None = None,
+                 cache: PrefixCache | None = None) -> None:
         self.plan = plan
         self.roofline = roofline
         self.time_scale = time_scale
@@ -90,11 +126,16 @@ class SimEngine:
         # steps per wall-clock wake-up, and requests that arrive meanwhile wait for the chunk;
         # SGLang admits them at its next step (an exact replay sets 1).
         self.max_chunk_steps = max_chunk_steps
+        self.cache = cache or PrefixCache("none", 0, enabled=False)
+        self._recent_prefill: deque[tuple[int, int]] = deque(maxlen=32)  # (cached, prompt)
+        self._last_cached = 0
 
-    async def submit(self, prompt_tokens: int, target_tokens: int) -> SimRequest:
+    async def submit(self, prompt_tokens: int, target_tokens: int, max_new_tokens: int = 0,
+                     data: bytes = b"") -> SimRequest:
         loop = asyncio.get_running_loop()
         req = SimRequest(prompt_tokens, target_tokens, loop.create_future(),
-                         arrived_at=self._modeled_clock)
+                         arrived_at=self._modeled_clock, max_new_tokens=max_new_tokens,
+                         data=data)
         self.waiting.append(req)
         self.stats.queued = len(self.waiting)
         self._wake.set()
@@ -105,26 +146,83 @@ class SimEngine:
         return sum(r.prompt_tokens + int(r.generated) for r in self.running)
 
     def _admit(self) -> int:
-        """Move waiting requests into the running batch; return prompt tokens to prefill."""
+        """Move waiting requests into the running batch; return tokens to prefill. The
+        batch is matched against the prefix cache before any of it is inserted."""
         plan = self.plan
-        kv_used = self._kv_used()
-        prefill = 0
+        room = plan.max_total_num_tokens - self._kv_used() - sum(
+            r.reserve() * self.stats.new_token_ratio for r in self.running)
+        prefill = cached_sum = 0
+        batch: list[SimRequest] = []
         mamba_limit = plan.mamba_slots if plan.mamba_cap is not None else math.inf
         while self.waiting and len(self.running) < plan.max_running_requests:
             nxt = self.waiting[0]
             if nxt.future.cancelled():
                 self.waiting.popleft()
                 continue
-            if kv_used + nxt.prompt_tokens + 1 > plan.max_total_num_tokens:
+            cached = (min(self.cache.match(nxt.data), nxt.prompt_tokens - 1)
+                      if not nxt.retractions else 0)
+            need = nxt.prompt_tokens + int(nxt.generated) - cached + nxt.reserve() + 1
+            if need > room and (self.running or batch):
                 break
             if (len(self.running) + 1) * self._slots_per_request > mamba_limit:
                 break
             self.waiting.popleft()
             nxt.admitted_at = self._modeled_clock
+            if not nxt.retractions:
+                nxt.cached_tokens = cached
+                cached_sum += cached
             self.running.append(nxt)
-            kv_used += nxt.prompt_tokens
-            prefill += nxt.prompt_tokens
+            batch.append(nxt)
+            room -= need
+            prefill += nxt.prompt_tokens + int(nxt.generated) - cached
+        for req in batch:
+            self.cache.insert(req.data)
+        if batch:
+            self._count_prefill(cached_sum, sum(r.prompt_tokens for r in batch))
         return prefill
+
+    def _count_prefill(self, cached: int, prompt: int) -> None:
+        self.stats.cached_tokens_total += cached
+        self._recent_prefill.append((cached, prompt))
+        total = sum(p for _, p in self._recent_prefill)
+        self.stats.cache_hit_rate = sum(c for c, _ in self._recent_prefill) / max(1, total)
+        self._last_cached = cached
+
+    def _steps_that_fit(self, steps: int, accept: float) -> int:
+        """Decode steps the KV pool lets the batch take before it is full (≥ 1 once
+        `_retract_if_full` ran); the ratio decays per step taken, as SGLang's does."""
+        free = self.plan.max_total_num_tokens - self._kv_used()
+        steps = max(1, min(steps, int(free // (len(self.running) * accept))))
+        self.stats.new_token_ratio = max(self.stats.new_token_ratio
+                                         - RATIO_DECAY_PER_STEP * steps, MIN_NEW_TOKEN_RATIO)
+        return steps
+
+    def _retract_if_full(self, accept: float) -> None:
+        """When the next decode step does not fit, retract the requests with the fewest
+        output tokens until it does (SGLang's retract_decode): back to the queue, to be
+        prefilled again; the ratio becomes what the remaining ones have written."""
+        total = self.plan.max_total_num_tokens
+        if total - self._kv_used() >= len(self.running) * accept:
+            return
+        keep = sorted(self.running, key=lambda r: (r.generated, -r.prompt_tokens), reverse=True)
+        retracted: list[SimRequest] = []
+        used = self._kv_used()
+        while len(keep) > 1 and total - used < len(keep) * accept:
+            req = keep.pop()
+            used -= req.prompt_tokens + int(req.generated)
+            retracted.append(req)
+        for req in retracted:
+            req.retractions += 1
+            self.waiting.appendleft(req)
+        self.running = keep
+        self.stats.retracted_last = len(retracted)
+        self.stats.retracted_total += len(retracted)
+        written = sum(int(r.generated) for r in keep)
+        allowed = sum(r.max_new_tokens or r.target_tokens for r in keep)
+        self.stats.new_token_ratio = min(1.0, (written + RETRACT_DECODE_STEPS * len(keep))
+                                         / (allowed + 1))
+        self.log(f"KV cache pool is full. Retract requests. #retracted_reqs: {len(retracted)}"
+                 f", #new_token_ratio: {self.stats.new_token_ratio:.4f}")
 
     async def _sleep_modeled(self, modeled: float) -> None:
         """Sleep so that wall time tracks modeled time / time_scale *cumulatively*: the
@@ -142,6 +240,10 @@ class SimEngine:
                 self._publish(idle=True)
                 self._wake.clear()
                 await self._wake.wait()
+                # requests sent together reach SGLang's scheduler within one of its polls
+                # and are prefilled in one batch (real: a group's members sent at once
+                # shared 2.7 % of their prompt tokens)
+                await asyncio.sleep(GATHER_S)
                 self._anchor = None  # idle time is not owed to anyone
             prefill = self._admit()
             if prefill:
@@ -151,14 +253,16 @@ class SimEngine:
                 await asyncio.sleep(max(modeled / self.time_scale, MIN_WALL_CHUNK_S))
                 self._anchor = None
                 continue
+            accept = self.roofline.accept_len
+            self._retract_if_full(accept)
             n = len(self.running)
             avg_ctx = self._kv_used() / n
             step = self.roofline.decode_step_s(n, avg_ctx)
-            accept = self.roofline.accept_len
             to_finish = min(math.ceil((r.target_tokens - r.generated) / accept)
                             for r in self.running)
             min_steps = math.ceil(MIN_WALL_CHUNK_S * self.time_scale / step)
-            chunk = max(1, min(to_finish, min_steps, self.max_chunk_steps or min_steps))
+            chunk = self._steps_that_fit(
+                max(1, min(to_finish, min_steps, self.max_chunk_steps or min_steps)), accept)
             first_token = self._modeled_clock + modeled + step  # after the prefill, 1 step
             modeled += chunk * step
             await self._sleep_modeled(modeled)
@@ -241,7 +345,7 @@ class SimEngine:
         throughput = tokens / max(self.roofline.prefill_s(tokens), 1e-9)
         self.log(
             f"Prefill batch, #new-seq: {self._last_admitted()}, #new-token: {tokens}, "
-            f"#cached-token: 0, {self._usage_part(decode=False)}, "
+            f"#cached-token: {self._last_cached}, {self._usage_part(decode=False)}, "
             f"#running-req: {self.stats.running}, #queue-req: {self.stats.queued}, "
             f"#pending-token: {pending}, cuda graph: False, "
             f"input throughput (token/s): {throughput:.2f}")

@@ -125,6 +125,10 @@ class Snapshot:
     requests_total: int
     spec_accept_length: float  # 0.0 without speculative decoding, as SGLang reports it
     startup_phases: dict[str, float]
+    retracted_last: int = 0
+    retracted_total: int = 0
+    cache_hit_rate: float = 0.0
+    new_token_ratio: float = 0.7
 
 
 def render(model: str, snap: Snapshot, lat: RequestLatencies, pid: int) -> str:
@@ -134,8 +138,9 @@ def render(model: str, snap: Snapshot, lat: RequestLatencies, pid: int) -> str:
     mamba = None if snap.mamba_used is None else snap.mamba_used / max(snap.mamba_slots, 1)
     out.gauge("num_running_reqs", "The number of running requests.", snap.running)
     out.gauge("num_queue_reqs", "The number of requests in the waiting queue.", snap.queued)
-    # The simulator admits only what both pools hold, so it never retracts or pauses.
-    out.gauge("num_retracted_reqs", "The number of retracted requests.", 0, pid=str(pid))
+    out.gauge("num_retracted_reqs", "The number of retracted requests.", snap.retracted_last,
+              pid=str(pid))
+    out.gauge("new_token_ratio", "The new token ratio.", round(snap.new_token_ratio, 4))
     out.gauge("num_paused_reqs", "The number of paused requests by async weight sync.", 0,
               pid=str(pid))
     out.gauge("gen_throughput", "The generation throughput (token/s).", snap.gen_throughput)
@@ -149,7 +154,7 @@ def render(model: str, snap: Snapshot, lat: RequestLatencies, pid: int) -> str:
     out.gauge("max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.",
               snap.max_total_num_tokens)
     out.gauge("context_len", "Maximum context length.", snap.context_len)
-    out.gauge("cache_hit_rate", "The prefix cache hit rate.", 0.0)  # no prefix reuse modeled
+    out.gauge("cache_hit_rate", "The prefix cache hit rate.", round(snap.cache_hit_rate, 4))
     out.gauge("spec_accept_length", "Mean acceptance length of speculative decoding "
               "(accepted drafts + bonus token per forward).", snap.spec_accept_length)
     out.gauge("utilization", "The utilization.", 0.0)  # 0.5.17 never sets it (no SLO cap)
@@ -167,6 +172,9 @@ def render(model: str, snap: Snapshot, lat: RequestLatencies, pid: int) -> str:
     out.counter("generation_tokens", "Number of generation tokens processed.",
                 snap.generation_tokens_total)
     out.counter("num_requests", "Number of requests processed.", snap.requests_total)
+    if snap.retracted_total:  # real SGLang's counter appears with the first retraction
+        out.counter("num_retracted_requests", "Number of retracted requests.",
+                    snap.retracted_total)
     out.histogram("time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                   lat.ttft, out.tokenizer())
     out.histogram("e2e_request_latency_seconds", "Histogram of End-to-end request latency in "

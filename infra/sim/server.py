@@ -35,6 +35,7 @@ from infra.sim.engine import SimEngine, SimRequest
 from infra.sim.metrics import Snapshot
 from infra.sim.metrics import render as render_metrics
 from infra.sim.native_api import bad_request, generate_prompts, generate_refusal
+from infra.sim.prefix_cache import PrefixCache, token_bytes
 from infra.sim.startup import (
     IMPORT_S,
     READY_LINE,
@@ -79,10 +80,12 @@ class SimServer:
             await asyncio.sleep(3600)
         return None
 
-    async def _run_unless_abandoned(self, prompt_tokens: int, target: int,
+    async def _run_unless_abandoned(self, prompt: str | list[int], prompt_tokens: int,
+                                    target: int, max_new: int,
                                     request: Request | None) -> SimRequest:
         """Like SGLang, a request whose client went away is aborted and frees its slots."""
-        job = asyncio.ensure_future(self.engine.submit(prompt_tokens, target))
+        job = asyncio.ensure_future(self.engine.submit(prompt_tokens, target, max_new,
+                                                       token_bytes(prompt)))
         while True:
             done, _ = await asyncio.wait({job}, timeout=0.5)
             if done:
@@ -114,7 +117,8 @@ class SimServer:
         result = complete(prompt if isinstance(prompt, str) else json.dumps(prompt), sampling,
                           self.cfg.seed)
         received, started = time.time(), time.monotonic()
-        req = await self._run_unless_abandoned(prompt_tokens, result.completion_tokens, request)
+        req = await self._run_unless_abandoned(prompt, prompt_tokens, result.completion_tokens,
+                                               max_new, request)
         latency = time.monotonic() - started
         self.after_completion()
         matched = result.matched_stop if result.matched_stop is not None else EOS_TOKEN_ID
@@ -130,9 +134,9 @@ class SimServer:
                 "finish_reason": finish,
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": result.completion_tokens,
-                "cached_tokens": 0,
+                "cached_tokens": req.cached_tokens,
                 "weight_version": "default",
-                "num_retractions": 0,
+                "num_retractions": req.retractions,
                 "e2e_latency": latency,
                 **self._timings(req, received, latency),
             },
@@ -325,7 +329,9 @@ def metrics_text(server: SimServer) -> str:
         mamba_slots=plan.mamba_slots, prompt_tokens_total=st.prompt_tokens_total,
         generation_tokens_total=st.generation_tokens_total, requests_total=st.requests_total,
         spec_accept_length=eng.roofline.accept_len if server.cfg.flags.speculative else 0.0,
-        startup_phases=server.startup_phases), eng.latencies, os.getpid())
+        startup_phases=server.startup_phases, retracted_last=st.retracted_last,
+        retracted_total=st.retracted_total, cache_hit_rate=st.cache_hit_rate, new_token_ratio=st.new_token_ratio),
+        eng.latencies, os.getpid())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -368,8 +374,10 @@ def main(argv: list[str] | None = None) -> None:
     roofline = build_roofline(model, gpu, cfg.flags, plan, cfg.accept_len)
     prefix_state = (parse_version(cfg.version).locks_prefix_state
                     and not cfg.flags.disable_radix_cache)
+    cache = PrefixCache(plan.mamba_strategy, plan.max_total_num_tokens,
+                        enabled=not cfg.flags.disable_radix_cache)
     engine = SimEngine(plan, roofline, cfg.time_scale, log, cfg.decode_log_interval,
-                       prefix_state)
+                       prefix_state, cache=cache)
     server = SimServer(cfg, plan, engine)
     modeled = delay * cfg.time_scale  # /metrics speaks modeled GPU seconds
     server.startup_phases = {

@@ -1,0 +1,109 @@
+"""What SGLang's radix cache reuses on a hybrid model, per mamba strategy, as measured.
+
+A hybrid model can resume from a cached prefix only where a mamba state was kept, so what is
+reusable depends on `--mamba-radix-cache-strategy` (SGLang 0.5.17 on the H200, tiny
+Qwen3-Next, 48 groups x 4 prompts sharing a 1,536-token prefix;
+bench/real_sglang/data/2026-12-01-h200-s6/):
+
+* extra_buffer keeps states along a cached sequence (every track interval, at chunk
+  boundaries): a new prompt reuses the longest cached prefix, to a multiple of 64 tokens here
+  (1,536 of 1,536; 1,344 or 1,392 of a 1,400-token prefix). Interleaved groups: 71.5 % of
+  prompt tokens cached.
+* no_buffer keeps a state only where a cached sequence ends: a prompt that merely branches
+  off a cached one reuses nothing (interleaved groups: 5.0 %); one that extends a whole
+  cached prompt reuses all of it (the bare prefix sent first: 98.5 %).
+* Requests prefilled in one batch share nothing (a group's members sent together: 2.7 %), so
+  the engine matches a whole batch before inserting it.
+
+The simulator's tokens are 4-byte pieces of the prompt (infra/sim/text.py), token ids 4 bytes
+each; entries are evicted least-recently-used beyond the KV pool's size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections import OrderedDict
+
+GRANULE_TOKENS = 64
+BYTES_PER_TOKEN = 4
+
+
+def token_bytes(prompt: str | list[int]) -> bytes:
+    """The prompt as the simulator's tokens: 4 bytes each."""
+    if isinstance(prompt, list):
+        return struct.pack(f"<{len(prompt)}I", *(i & 0xFFFFFFFF for i in prompt))
+    return prompt.encode()
+
+
+class PrefixCache:
+    """Cached prefixes of one server; `match` then `insert` per prefilled batch."""
+
+    def __init__(self, strategy: str, capacity_tokens: int, enabled: bool = True) -> None:
+        # no_buffer is the one that keeps states only at sequence ends; the others (and a
+        # model without mamba layers, "none") resume from any cached prefix
+        self.branching = strategy != "no_buffer"
+        self.capacity_tokens = capacity_tokens
+        self.enabled = enabled
+        self._entries: OrderedDict[bytes, int] = OrderedDict()  # digest -> tokens it holds
+        self._lengths: dict[int, int] = {}  # no_buffer: cached prompt lengths -> entries
+        self._held = 0
+
+    def match(self, data: bytes) -> int:
+        """Tokens of `data` the cache already holds (0 when off)."""
+        if not self.enabled:
+            return 0
+        n = len(data) // BYTES_PER_TOKEN
+        marks = (range(GRANULE_TOKENS, n + 1, GRANULE_TOKENS) if self.branching
+                 else sorted(length for length in self._lengths if length <= n))
+        best = 0
+        for length, digest in _digests(data, marks):
+            if digest in self._entries:
+                self._entries.move_to_end(digest)
+                best = length
+            elif self.branching:
+                break  # a radix path: nothing beyond the first miss
+        return best
+
+    def insert(self, data: bytes) -> None:
+        if not self.enabled:
+            return
+        n = len(data) // BYTES_PER_TOKEN
+        if self.branching:
+            marks: list[int] = list(range(GRANULE_TOKENS, n + 1, GRANULE_TOKENS))
+            costs = [GRANULE_TOKENS] * len(marks)
+        else:
+            marks, costs = [n], [n]
+        for (length, digest), cost in zip(_digests(data, marks), costs, strict=True):
+            if digest in self._entries:
+                self._entries.move_to_end(digest)
+                continue
+            self._entries[digest] = cost if self.branching else -length
+            self._held += cost
+            if not self.branching:
+                self._lengths[length] = self._lengths.get(length, 0) + 1
+        self._evict()
+
+    def _evict(self) -> None:
+        while self._held > self.capacity_tokens and self._entries:
+            _, value = self._entries.popitem(last=False)
+            if value < 0:  # a no_buffer entry: a whole prompt of -value tokens
+                self._held += value
+                self._lengths[-value] -= 1
+                if not self._lengths[-value]:
+                    del self._lengths[-value]
+            else:
+                self._held -= value
+
+
+def _digests(data: bytes, marks: list[int] | range) -> list[tuple[int, bytes]]:
+    """(tokens, digest of the first `tokens` tokens) at each mark, in one pass."""
+    hasher = hashlib.blake2b(digest_size=16)
+    out: list[tuple[int, bytes]] = []
+    done = 0
+    for length in marks:
+        end = length * BYTES_PER_TOKEN
+        hasher.update(data[done:end])
+        done = end
+        out.append((length, hasher.copy().digest()))
+    return out
