@@ -118,7 +118,9 @@ def summarize(settings: JobSettings, state: JobState, totals: RunTotals,
         answers_redone_after_drains=max(0, totals.answers - totals.done - totals.errors),
         cycles=[c.record() for c in totals.cycles],
         final_server_flags=settings.server.model_dump(exclude_none=True,
-                                                      exclude={"extra_args"}))
+                                                      exclude={"extra_args"}),
+        prompt_tokens=totals.prompt_tokens, cached_tokens=totals.cached_tokens,
+        prefix_affinity_chars=settings.client.prefix_affinity_chars)
 
 
 @flow(name="generate", on_cancellation=[_stop_fleet_hook],  # type: ignore[list-item]
@@ -210,7 +212,7 @@ def _decide(settings: JobSettings, outcome: EpochOutcome, ctx: JobContext, tuner
         result, outcome.failure, epoch, settings.server,
         settings.client.concurrency_per_server, str(ctx.ledger.path), hw.model, hw.gpu,
         hw.version, tuner.mem_ceiling, min_gain, tuning.avg_context, tuning.allow_lossy,
-        tuner.predicted_tok_s_per_gpu)
+        tuner.predicted_tok_s_per_gpu, ctx.totals.prefix_reuse())
     if outcome.start_failure is not None and decision is None:
         raise ServerStartFailed(f"servers failed to start and no earlier config worked: "
                                 f"{outcome.failure}", outcome.start_failure.handle, "")

@@ -24,6 +24,7 @@ from infra.sglang.versions import SGLangVersion, parse_version
 from tasks.capacity import Capacity
 from tasks.engines import engine_for
 from tasks.shards import JobState
+from tasks.tuning.policy import PrefixReuse
 from tasks.upload import ShardUploader
 
 
@@ -68,6 +69,11 @@ class RunTotals:
     done: int = 0
     errors: int = 0
     answers: int = 0  # every answer received, including those of shards redone after a drain
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the servers' prefix caches reused
+
+    def prefix_reuse(self) -> PrefixReuse | None:
+        return PrefixReuse.measured(self.prompt_tokens, self.cached_tokens, self.tokens)
     capacities: list[Capacity] = field(default_factory=list)
     caps_by_epoch: dict[int, dict[str, int]] = field(default_factory=dict)  # for the report
     cycles: list[Cycle] = field(default_factory=list)
@@ -155,6 +161,8 @@ class Progress:
         self.totals.tokens += entry.output_tokens
         self.totals.done += entry.rows
         self.totals.errors += entry.errors
+        self.totals.prompt_tokens += entry.prompt_tokens
+        self.totals.cached_tokens += entry.cached_tokens
         elapsed = time.monotonic() - self.t0
         tok_s = self.tokens / elapsed if elapsed > 0 else 0.0
         this_run = self.done - self.start_done

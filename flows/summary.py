@@ -42,6 +42,9 @@ class RunSummary(BaseModel):
     answers_redone_after_drains: int
     cycles: list[dict[str, Any]]  # flows.job.Cycle.record(): also the tuning-ledger artifact
     final_server_flags: dict[str, Any]
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, reused from the servers' prefix caches
+    prefix_affinity_chars: int = 0
 
 
 def summary_lines(summary: RunSummary | dict[str, Any]) -> list[str]:
@@ -64,9 +67,19 @@ def summary_lines(summary: RunSummary | dict[str, Any]) -> list[str]:
                      f"{'/'.join(map(str, caps))} each")
     if s.capacity_note:
         lines.append(f"capacity: {s.capacity_note}")
+    if s.prompt_tokens:
+        lines.append(prefix_line(s))
     lines.append(f"tuning cycles: {s.restarts}" + "".join(f"; {cycle_line(c)}" for c in s.cycles))
     lines.append(f"output folder: {s.output}")
     return lines
+
+
+def prefix_line(s: RunSummary) -> str:
+    """How much prefill the radix cache saved, and whether affinity routing was on."""
+    share = s.cached_tokens / s.prompt_tokens
+    how = (f"prefix affinity on (first {s.prefix_affinity_chars:,} characters)"
+           if s.prefix_affinity_chars else "prefix affinity off")
+    return (f"prefix cache: {share:.1%} of {s.prompt_tokens:,} prompt tokens reused; {how}")
 
 
 def cycle_line(c: dict[str, Any]) -> str:

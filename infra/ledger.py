@@ -65,6 +65,8 @@ class ManifestEntry:
     output_tokens: int
     plan: str
     committed_at: float
+    prompt_tokens: int = 0  # what the shard's prompts held, and what the prefix cache reused
+    cached_tokens: int = 0  # (manifests written before these fields read as 0)
 
 
 def make_plan(summary: InputSummary, shard_size: int) -> ShardPlan:
@@ -162,6 +164,8 @@ class Ledger:
             sha256=file_sha256(path), path=f"shards/{name}", error_path=error_rel,
             output_tokens=sum(int(r.get("completion_tokens") or 0) for r in rows),
             plan=plan.fingerprint, committed_at=time.time(),
+            prompt_tokens=sum(int(r.get("prompt_tokens") or 0) for r in rows),
+            cached_tokens=sum(int(r.get("cached_tokens") or 0) for r in rows),
         )
         line = json.dumps(asdict(entry)) + "\n"
         with open(self.manifest_path, "a", encoding="utf-8") as fh:

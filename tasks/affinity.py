@@ -13,7 +13,9 @@ first prompt of a key on its server is the *leader*; later ones wait until the l
 been answered (or `leader_wait_s` has passed: its prefill is long done by then, and a job
 whose prompts all share one system prompt must not idle for a whole generation), then go to
 that server. An idle server takes from the shared line, then steals
-from the longest line of another: affinity never leaves a GPU without work. Prompts shorter
+from the longest line of another — a group's leader if that line has one (the group then
+follows it to its new server, nothing is lost), else its last prompt: affinity never leaves a
+GPU without work. Prompts shorter
 than `key_chars` have nothing long to share and go to the shared line.
 """
 
@@ -22,12 +24,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import json
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+STEAL_SCAN = 64  # prompts at the end of a line searched for a leader to steal
 WARM_KEYS_KEPT = 65_536  # (server, key) pairs remembered as warm; older ones count as cold
 
 
@@ -76,6 +80,7 @@ class AffinityQueue:
         self._leaders: dict[int, str] = {}  # id(leader item) -> its key
         self._lead_at: dict[str, str] = {}  # key -> the server its leader runs on
         self._warm: OrderedDict[tuple[str, str], None] = OrderedDict()  # (server, key), LRU
+        self._home: OrderedDict[str, str] = OrderedDict()  # key -> server that stole its leader
         self._size = 0
         self._ready = asyncio.Event()
         self.stolen = 0
@@ -83,6 +88,10 @@ class AffinityQueue:
 
     def qsize(self) -> int:
         return self._size
+
+    def _server_for(self, key: str, live: list[str]) -> str:
+        home = self._home.get(key)
+        return home if home in live else owner(key, live)
 
     def put(self, item: Routable) -> None:
         """Queue a prompt (new, or back after a failure)."""
@@ -92,11 +101,11 @@ class AffinityQueue:
         if key is None or not live:
             self._shared.append(item)
         elif id(item) in self._leaders:  # a leader retried: it goes first again
-            self._line(owner(key, live)).appendleft(item)
+            self._line(self._server_for(key, live)).appendleft(item)
         elif key in self._held:
             self._held[key].append(item)
         else:
-            server = owner(key, live)
+            server = self._server_for(key, live)
             if (server, key) in self._warm:
                 self._warm.move_to_end((server, key))
                 self.grouped += 1
@@ -129,6 +138,8 @@ class AffinityQueue:
         """A server restarted (its cache is empty) or left: its keys are cold again."""
         for pair in [p for p in self._warm if p[0] == server]:
             del self._warm[pair]
+        for key in [k for k, home in self._home.items() if home == server]:
+            del self._home[key]
 
     async def get(self, server: str) -> Any:
         while True:
@@ -161,8 +172,13 @@ class AffinityQueue:
         if not busiest:
             return None
         self.stolen += 1
-        item = busiest.pop()
-        key = self._leaders.get(id(item))
-        if key is not None:  # its prefix will be cached where it runs, not at its owner
-            self._lead_at[key] = server
-        return item
+        for item in itertools.islice(reversed(busiest), STEAL_SCAN):
+            key = self._leaders.get(id(item))
+            if key is not None:  # a new group: it moves here whole
+                busiest.remove(item)
+                self._lead_at[key] = server
+                self._home[key] = server
+                while len(self._home) > WARM_KEYS_KEPT:
+                    self._home.popitem(last=False)
+                return item
+        return busiest.pop()

@@ -330,7 +330,8 @@ def metrics_text(server: SimServer) -> str:
         generation_tokens_total=st.generation_tokens_total, requests_total=st.requests_total,
         spec_accept_length=eng.roofline.accept_len if server.cfg.flags.speculative else 0.0,
         startup_phases=server.startup_phases, retracted_last=st.retracted_last,
-        retracted_total=st.retracted_total, cache_hit_rate=st.cache_hit_rate, new_token_ratio=st.new_token_ratio),
+        retracted_total=st.retracted_total, cache_hit_rate=st.cache_hit_rate,
+        new_token_ratio=st.new_token_ratio),
         eng.latencies, os.getpid())
 
 

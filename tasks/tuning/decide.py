@@ -16,7 +16,7 @@ from infra.sglang.memory import PoolsDoNotFit, plan_memory
 from infra.sglang.profiles import GpuProfile, ModelProfile
 from infra.sglang.versions import SGLangVersion
 from tasks.tuning.ledger import LedgerEntry, TuningLedger, config_key
-from tasks.tuning.policy import propose
+from tasks.tuning.policy import PrefixReuse, propose
 from tasks.tuning.watch import WatchResult
 
 
@@ -49,7 +49,8 @@ def decide_next(result: WatchResult | None, failure: str | None, epoch: int,
                 model: ModelProfile | None, gpu: GpuProfile | None,
                 version: SGLangVersion | None, mem_ceiling: float, min_gain: float,
                 avg_context: float, allow_lossy: bool = False,
-                predicted: float | None = None) -> tuple[NextConfig | None, float]:
+                predicted: float | None = None,
+                reuse: PrefixReuse | None = None) -> tuple[NextConfig | None, float]:
     """Record what this epoch did — with what was predicted for it when it was chosen —
     and choose the next configuration (None: keep going as is).
 
@@ -92,7 +93,8 @@ def decide_next(result: WatchResult | None, failure: str | None, epoch: int,
     if model is None or gpu is None or version is None:
         return None, mem_ceiling
     proposal = propose(result.diagnosis, flags, concurrency, model, gpu, version,
-                       ledger.tried(), mem_ceiling, avg_context, min_gain, allow_lossy)
+                       ledger.tried(), mem_ceiling, avg_context, min_gain, allow_lossy,
+                       reuse=reuse)
     if proposal is None:
         return None, mem_ceiling
     return NextConfig(proposal.flags, proposal.concurrency,
@@ -106,7 +108,8 @@ def restart_on_regression(result: WatchResult | None, failure: str | None, epoch
                           model: ModelProfile | None, gpu: GpuProfile | None,
                           version: SGLangVersion | None, mem_ceiling: float, min_gain: float,
                           avg_context: float, allow_lossy: bool = False,
-                          predicted: float | None = None) -> tuple[NextConfig | None, float]:
+                          predicted: float | None = None,
+                          reuse: PrefixReuse | None = None) -> tuple[NextConfig | None, float]:
     return decide_next(result, failure, epoch, flags, concurrency, TuningLedger(Path(
         ledger_path)), model, gpu, version, mem_ceiling, min_gain, avg_context, allow_lossy,
-        predicted)
+        predicted, reuse)

@@ -11,9 +11,43 @@ from infra.sglang.flags import ServerFlags
 from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
 from infra.sglang.planner import MAX_MEM_FRACTION, candidate_flags, predict_tok_s
 from infra.sglang.profiles import GpuProfile, ModelProfile
+from infra.sglang.roofline import build_roofline
 from infra.sglang.versions import SGLangVersion
 from tasks.tuning.diagnosis import Diagnosis
 from tasks.tuning.ledger import config_key
+
+
+@dataclass(frozen=True)
+class PrefixReuse:
+    """What the prefix cache saved so far (from the committed rows' cached_tokens), so a move
+    that loses it is predicted with that loss."""
+
+    cached_share: float  # cached / prompt tokens
+    prompt_per_output: float  # prompt tokens per output token
+
+    @classmethod
+    def measured(cls, prompt_tokens: int, cached_tokens: int,
+                 output_tokens: int) -> PrefixReuse | None:
+        if prompt_tokens <= 0 or output_tokens <= 0 or cached_tokens <= 0:
+            return None
+        return cls(cached_tokens / prompt_tokens, prompt_tokens / output_tokens)
+
+
+def branching_reuse(strategy: str, disable_radix_cache: bool) -> bool:
+    """Whether a prompt can resume from where it branches off a cached one: every strategy
+    but no_buffer, which keeps states only where cached sequences end (real SGLang: 71.5 %
+    of prompt tokens reused under extra_buffer, 5.0 % under no_buffer, same prompts)."""
+    return not disable_radix_cache and strategy != "no_buffer"
+
+
+def with_lost_reuse(tok_s: float, reuse: PrefixReuse | None, before: bool, after: bool,
+                    prefill_tok_s: float) -> float:
+    """Output tok/s once the cached prompt tokens must be prefilled again: each output token
+    then also pays cached_share × prompt_per_output prompt tokens at the prefill rate."""
+    if reuse is None or not before or after or tok_s <= 0 or prefill_tok_s <= 0:
+        return tok_s
+    extra = reuse.cached_share * reuse.prompt_per_output / prefill_tok_s
+    return 1.0 / (1.0 / tok_s + extra)
 
 
 @dataclass(frozen=True)
@@ -51,6 +85,8 @@ def _combined_moves(model: ModelProfile, flags: ServerFlags, plan: MemoryPlan | 
     return out
 
 
+PREFILL_PROBE_TOKENS = 8192  # a batch size at which the roofline's prefill rate is read
+
 # What sizes a server's memory: on a GPU shared by several servers only moves that leave
 # these as they are can be planned (each server's pools are pinned by the user).
 MEMORY_FIELDS = ("mem_fraction_static", "max_total_tokens", "max_mamba_cache_size",
@@ -72,14 +108,15 @@ def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
             model: ModelProfile, gpu: GpuProfile, version: SGLangVersion, tried: set[str],
             mem_ceiling: float = MAX_MEM_FRACTION, avg_context: float = 2048.0,
             min_gain: float = 1.1, allow_lossy: bool = False,
-            pinned: bool = False) -> Proposal | None:
+            pinned: bool = False, reuse: PrefixReuse | None = None) -> Proposal | None:
     """The next configuration to try, or None when nothing promises a gain.
 
     Never repeats a ledger entry; keeps mem_fraction_static under `mem_ceiling` (lowered
     after an OOM); keeps MTP unless the model predicts that dropping it wins; never changes
     numerics (SSM state or KV dtype) unless `allow_lossy` — a data-generation job should not
     get different outputs because the tuner wanted speed. `pinned` (servers sharing a GPU):
-    only the levers that leave each server's memory as it is."""
+    only the levers that leave each server's memory as it is. `reuse`: a move to a
+    strategy that cannot resume from branch points is charged the prefill it brings back."""
     if diagnosis.kind == "client-bound":
         if concurrency is None or config_key(flags, None) in tried:
             return None  # already cap + queue: the fleet is just running out of work
@@ -110,6 +147,15 @@ def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
         except PoolsDoNotFit:
             continue
         tok_s = predict_tok_s(model, gpu, candidate, plan, avg_context)
+        if current is not None and reuse is not None:
+            roof = build_roofline(model, gpu, candidate, plan)
+            kept = tok_s
+            tok_s = with_lost_reuse(
+                tok_s, reuse, branching_reuse(current.mamba_strategy, flags.disable_radix_cache),
+                branching_reuse(plan.mamba_strategy, candidate.disable_radix_cache),
+                PREFILL_PROBE_TOKENS / roof.prefill_s(PREFILL_PROBE_TOKENS))
+            if tok_s < kept:
+                label += f", with the prefix cache's {reuse.cached_share:.0%} reuse lost"
         if best is None or tok_s > best[0]:
             best = (tok_s, label, candidate)
     if best is None or best[0] < min_gain * baseline:

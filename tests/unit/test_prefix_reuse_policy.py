@@ -1,0 +1,44 @@
+"""A move that loses the prefix cache's reuse is predicted with that loss (real SGLang: the
+same grouped prompts reused 71.5 % of their tokens under extra_buffer, 5.0 % under no_buffer)."""
+
+from __future__ import annotations
+
+from infra.sglang.flags import ServerFlags
+from infra.sglang.profiles import gpu_profile, model_profile
+from infra.sglang.versions import parse_version
+from tasks.tuning.diagnosis import Diagnosis
+from tasks.tuning.policy import PrefixReuse, branching_reuse, propose, with_lost_reuse
+
+FP8 = model_profile("qwen3.6-27b-fp8")
+RTX = gpu_profile("rtx-pro-6000")
+V = parse_version("0.5.23")
+EB = ServerFlags(mamba_strategy="extra_buffer")
+
+
+def test_only_no_buffer_and_a_disabled_cache_lose_branch_reuse() -> None:
+    assert branching_reuse("extra_buffer", False) and branching_reuse("extra_buffer_lazy", False)
+    assert not branching_reuse("no_buffer", False)
+    assert not branching_reuse("extra_buffer", True)
+
+
+def test_lost_reuse_costs_its_prefill() -> None:
+    reuse = PrefixReuse(cached_share=0.7, prompt_per_output=10.0)
+    # 1,000 output tok/s; 7 prompt tokens per output token come back at 14,000 tok/s of
+    # prefill: 0.5 ms more per output token -> 666.7 tok/s
+    assert abs(with_lost_reuse(1000.0, reuse, True, False, 14_000.0) - 666.67) < 0.1
+    assert with_lost_reuse(1000.0, reuse, True, True, 14_000.0) == 1000.0  # kept
+    assert with_lost_reuse(1000.0, None, True, False, 14_000.0) == 1000.0  # nothing reused
+    assert PrefixReuse.measured(1000, 0, 50) is None
+
+
+def test_a_prefix_heavy_job_is_not_moved_to_no_buffer_on_a_gain_it_would_lose() -> None:
+    diag = Diagnosis("mamba-bound", "", 500.0)
+    plain = propose(diag, EB, 32, FP8, RTX, V, tried=set())
+    assert plain is not None and plain.flags.mamba_strategy == "no_buffer"
+    heavy = PrefixReuse(cached_share=0.9, prompt_per_output=40.0)  # long shared documents
+    careful = propose(diag, EB, 32, FP8, RTX, V, tried=set(), reuse=heavy)
+    # the no_buffer moves now predict less than a move that keeps branch reuse (MTP here)
+    assert careful is not None and careful.flags.mamba_strategy == "extra_buffer"
+    light = propose(diag, EB, 32, FP8, RTX, V, tried=set(), reuse=PrefixReuse(0.05, 2.0))
+    assert light is not None and light.flags.mamba_strategy == "no_buffer"
+    assert "reuse lost" in light.reason
