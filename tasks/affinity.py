@@ -130,9 +130,17 @@ class AffinityQueue:
         while len(self._warm) > WARM_KEYS_KEPT:
             self._warm.popitem(last=False)
         waiting = self._held.pop(key, [])
-        self._size -= len(waiting)
-        for follower in waiting:
-            self.put(follower)
+        live = self._live()
+        if not live:
+            self._size -= len(waiting)
+            for follower in waiting:
+                self.put(follower)
+            return
+        line = self._line(self._server_for(key, live))
+        # to the front: their prefix is cached now (and stealing takes from the back)
+        line.extendleft(reversed(waiting))
+        self.grouped += len(waiting)
+        self._ready.set()
 
     def forget(self, server: str) -> None:
         """A server restarted (its cache is empty) or left: its keys are cold again."""
