@@ -74,11 +74,13 @@ def run_mode(work: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     rows = pl.concat([pl.read_parquet(f) for f in sorted((out / "shards").glob("*.parquet"))])
     per_group = rows.with_columns((pl.col("id") // 4).alias("g")).group_by("g").agg(
         pl.col("server").n_unique().alias("servers"))
+    cached, prompt = int(rows["cached_tokens"].sum()), int(rows["prompt_tokens"].sum())
+    together = int((per_group["servers"] == 1).sum())
     return {"rows": rows.height, "unique_ids": rows["id"].n_unique(),
-            "cached_share": round(rows["cached_tokens"].sum() / rows["prompt_tokens"].sum(), 4),
-            "groups_on_one_server": round(float((per_group["servers"] == 1).mean()), 3),
+            "cached_share": round(cached / prompt, 4),
+            "groups_on_one_server": round(together / per_group.height, 3),
             "wall_s": round(wall, 1),
-            "output_tok_s_wall": round(rows["completion_tokens"].sum() / wall, 1)}
+            "output_tok_s_wall": round(int(rows["completion_tokens"].sum()) / wall, 1)}
 
 
 def main() -> None:

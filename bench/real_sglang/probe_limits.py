@@ -182,7 +182,8 @@ def start_all(servers: list[Server], timeout_s: float) -> dict[str, float]:
                                   stderr=subprocess.STDOUT, start_new_session=True)
     healthy: dict[str, float] = {}
     while len(healthy) < len(servers) and time.monotonic() - started < timeout_s:
-        if all(s.name in healthy or s.proc.poll() is not None for s in servers):
+        if all(s.name in healthy or (s.proc is not None and s.proc.poll() is not None)
+               for s in servers):
             break  # the rest exited: their logs say why
         for s in servers:
             if s.name in healthy:
