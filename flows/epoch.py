@@ -8,11 +8,12 @@ to start, what the watch saw, and the hardware the policy reasons about.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flows.job import Hardware, Progress, RunTotals, capacity_artifact, hardware_of
+from flows.repair import asymmetry_handler
 from flows.rollout import LiveConfig, canary_handler
 from infra.settings import JobSettings
 from infra.sglang.memory import MemoryPlan
@@ -52,6 +53,7 @@ class TunerState:
     mem_ceiling: float
     restarts: int = 0
     predicted_tok_s_per_gpu: float | None = None  # the model's figure for this epoch's config
+    restarted_alone: set[str] = field(default_factory=set)  # slow servers restarted once
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,7 @@ def _serve(live: LiveConfig, state: JobState, ctx: JobContext, tuner: TunerState
     watch = _watch(live, hw, plan, caps, ctx, tuner, state, startup_s)
     watch.on_proposal = canary_handler(live, fleet, ctx, tuner, hw, epoch, fleet.abort,
                                        lambda: watch)
+    watch.on_asymmetric = asymmetry_handler(live, fleet, ctx, tuner, hw, epoch, lambda: watch)
     watch.start()
     try:
         stats = generate_shards(settings, state, caps, ctx.progress, watch.stop, fleet.control)

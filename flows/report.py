@@ -209,6 +209,8 @@ def _cycle_row(c: dict[str, Any]) -> str:
         how = f"canary on {', '.join(canary['canary_servers'])}"
         verdict = canary["outcome"].replace("_", " ") + (f", {gain:.2f}× measured" if gain
                                                           else "")
+    elif c.get("kind") == "restart-one":
+        how, verdict = "one server restarted alone", "same config"
     else:
         how, verdict = "whole fleet restarted", "-"
     return (f"| {c['epoch']} | {c['diagnosis']} | {f'{measured:,.0f}' if measured else '-'} | "

@@ -86,6 +86,8 @@ def cycle_line(c: dict[str, Any]) -> str:
     """One cycle in a few words: what was seen, what was tried, how it ended."""
     head = f"epoch {c['epoch']}: {c['diagnosis']}"
     canary = c.get("canary")
+    if c.get("kind") == "restart-one":
+        return f"{head} → {c['reason'].split(' ran ', 1)[0]} restarted alone (same config)"
     if not canary:
         return f"{head} → fleet restarted with {c.get('new_flags', {}).get('mamba_strategy')}"
     gain = canary.get("measured_gain")

@@ -65,12 +65,14 @@ class RollingFleet:
         with self._lock:
             return [self.caps[i] for i in sorted(self.caps)]
 
-    def replace(self, index: int, settings: JobSettings, tag: str) -> Replaced:
-        """Restart server `index` with `settings`; raises ServerStartFailed (the server is
-        then down and out of dispatch: the caller restores a known config)."""
+    def replace(self, index: int, settings: JobSettings, tag: str,
+                force: bool = False) -> Replaced:
+        """Restart server `index` with `settings` (with the same server flags only when
+        `force`: otherwise the client limit changes in place); raises ServerStartFailed (the
+        server is then down and out of dispatch: the caller restores a known config)."""
         name = f"server-{index}"
         started = time.monotonic()
-        if settings.server == self.config[index].server and index in self.caps:
+        if not force and settings.server == self.config[index].server and index in self.caps:
             return self._relimit(index, settings)
         self.control.retire(name)
         left = self.control.wait_drained(name, settings.tuning.drain_timeout_s)

@@ -29,6 +29,12 @@ class Faults:
     fail_start: str | None = None  # "oom" or "error": refuse to start
     start_delay_s: float | None = None  # override the startup delay
     oom_above_mem_fraction: float | None = None  # CUDA OOM at start above this fraction
+    # A GPU in a bad state until its server restarts (clocks stuck low, a stray process's
+    # kernels): the servers on these ports run `degraded_speed` × as fast on their first
+    # start; a marker file in `degraded_marker_dir` says a start has happened.
+    degraded_ports: tuple[int, ...] = ()
+    degraded_speed: float = 0.4
+    degraded_marker_dir: str | None = None
 
 
 @dataclass(frozen=True)

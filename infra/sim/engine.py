@@ -105,7 +105,7 @@ class SimEngine:
     def __init__(self, plan: MemoryPlan, roofline: Roofline, time_scale: float,
                  log: Callable[[str], None], decode_log_interval: int = 40,
                  prefix_state: bool = False, max_chunk_steps: int | None = None,
-                 cache: PrefixCache | None = None) -> None:
+                 cache: PrefixCache | None = None, speed: float = 1.0) -> None:
         self.plan = plan
         self.roofline = roofline
         self.time_scale = time_scale
@@ -127,6 +127,7 @@ class SimEngine:
         # SGLang admits them at its next step (an exact replay sets 1).
         self.max_chunk_steps = max_chunk_steps
         self.cache = cache or PrefixCache("none", 0, enabled=False)
+        self.speed = speed  # < 1: a degraded GPU (fault injection), every step that slower
         self._recent_prefill: deque[tuple[int, int]] = deque(maxlen=32)  # (cached, prompt)
         self._last_cached = 0
 
@@ -248,7 +249,7 @@ class SimEngine:
             prefill = self._admit()
             if prefill:
                 self._log_prefill(prefill)
-            modeled = self.roofline.prefill_s(prefill) if prefill else 0.0
+            modeled = self.roofline.prefill_s(prefill) / self.speed if prefill else 0.0
             if not self.running:
                 await asyncio.sleep(max(modeled / self.time_scale, MIN_WALL_CHUNK_S))
                 self._anchor = None
@@ -257,7 +258,7 @@ class SimEngine:
             self._retract_if_full(accept)
             n = len(self.running)
             avg_ctx = self._kv_used() / n
-            step = self.roofline.decode_step_s(n, avg_ctx)
+            step = self.roofline.decode_step_s(n, avg_ctx) / self.speed
             to_finish = min(math.ceil((r.target_tokens - r.generated) / accept)
                             for r in self.running)
             min_steps = math.ceil(MIN_WALL_CHUNK_S * self.time_scale / step)

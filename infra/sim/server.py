@@ -15,6 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -335,6 +336,19 @@ def metrics_text(server: SimServer) -> str:
         eng.latencies, os.getpid())
 
 
+def degraded_speed(cfg: SimConfig) -> float:
+    """1.0, or the `degraded_speed` fault's factor on this port's first start."""
+    f = cfg.faults
+    if cfg.port not in f.degraded_ports or not f.degraded_marker_dir:
+        return 1.0
+    marker = Path(f.degraded_marker_dir) / f"started-{cfg.port}"
+    if marker.exists():
+        return 1.0
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text("")
+    return f.degraded_speed
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         cfg = parse_sim_args(sys.argv[1:] if argv is None else argv)
@@ -378,7 +392,7 @@ def main(argv: list[str] | None = None) -> None:
     cache = PrefixCache(plan.mamba_strategy, plan.max_total_num_tokens,
                         enabled=not cfg.flags.disable_radix_cache)
     engine = SimEngine(plan, roofline, cfg.time_scale, log, cfg.decode_log_interval,
-                       prefix_state, cache=cache)
+                       prefix_state, cache=cache, speed=degraded_speed(cfg))
     server = SimServer(cfg, plan, engine)
     modeled = delay * cfg.time_scale  # /metrics speaks modeled GPU seconds
     server.startup_phases = {

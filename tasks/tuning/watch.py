@@ -55,6 +55,10 @@ class RegressionWatch:
         # (diagnosis, proposal) -> True when it was handled without stopping the fleet (a
         # canary cycle); False: stop the epoch for a whole-fleet restart.
         self.on_proposal = on_proposal
+        # diagnosis -> True when the slow servers of an asymmetric fleet were restarted
+        # alone (flows/rollout.py: asymmetry_handler)
+        self.on_asymmetric: Callable[[Diagnosis], bool] | None = None
+        self._asymmetric_checks = 0
         self._proposal: Proposal | None = None
         self.stop = threading.Event()
         self.result = WatchResult()
@@ -108,6 +112,10 @@ class RegressionWatch:
             if not self.enabled or self.monitor.now() < first_check:
                 continue
             diag = self._measure()
+            if self._repaired(diag):
+                first_check = self.monitor.now() + 1.5 * self.window_s
+                self.result.last_check = "after restarting a slow server alone: no check yet"
+                continue
             self._proposal = None
             reason = self._reason(diag)
             if (reason and self._proposal is not None and self.on_proposal is not None
@@ -122,6 +130,15 @@ class RegressionWatch:
                 self.result.reason = reason
                 self.stop.set()
                 return
+
+    def _repaired(self, diag: Diagnosis) -> bool:
+        """Two asymmetric checks in a row (one can be a restart's warm-up): hand the slow
+        servers to `on_asymmetric`, which restarts each alone, once."""
+        self._asymmetric_checks = self._asymmetric_checks + 1 if diag.kind == "asymmetric" else 0
+        if self._asymmetric_checks < 2 or self.on_asymmetric is None:
+            return False
+        self._asymmetric_checks = 0
+        return self.on_asymmetric(diag)
 
     def _reason(self, diag: Diagnosis) -> str:
         tok = diag.tok_s_per_gpu

@@ -128,3 +128,30 @@ def test_config_that_ooms_is_rolled_back_and_nothing_is_lost(prefect_api: None,
     outcomes = [e.outcome for e in TuningLedger(out / "tuning.jsonl").entries()]
     assert "failed" in outcomes
     assert summary["prompts_done_this_run"] + summary["errors_this_run"] == 1500
+
+
+@pytest.mark.slow
+def test_a_slow_server_is_restarted_alone_and_the_rest_keep_generating(
+        prefect_api: None, tmp_path: Path) -> None:
+    """server-2's GPU runs at 0.35× until its server restarts (fault injection): the watch
+    reads the fleet as asymmetric twice, restarts that server alone on the same config, and
+    the three run alike afterwards; nothing is lost or duplicated."""
+    port = free_port_block(3)
+    summary, out = run(
+        tmp_path, 1500, 3, model="qwen3.6-27b-fp8", base_port=port, **{
+            "sim.gpu": "rtx-pro-6000", "sim.time_scale": 20.0,
+            "server.mamba_strategy": "no_buffer", "sampling.max_new_tokens": 512,
+            "sim.faults": {"degraded_ports": [port + 2], "degraded_speed": 0.35,
+                           "degraded_marker_dir": str(tmp_path / "markers")}})
+    repairs = [c for c in summary["cycles"] if c["kind"] == "restart-one"]
+    assert len(repairs) == 1, summary["cycles"]
+    assert repairs[0]["diagnosis"] == "asymmetric"
+    assert repairs[0]["reason"].startswith("server-2 ran ")
+    logs = sorted(p.name for p in (out / "servers").glob("*.log"))
+    assert "server-2-gpu2.restart.log" in logs
+    assert not any(name.startswith(("server-0-gpu0.", "server-1-gpu1.")) and
+                   name.count(".") > 1 for name in logs), logs  # the others never restarted
+    assert "restarted alone" in (out / "report.md").read_text()
+    frame = Ledger(out).read_completions()
+    late = frame.filter(frame["server"] == "server-2")
+    assert late.height > 0

@@ -1,0 +1,91 @@
+"""A slow server of an asymmetric fleet is restarted alone, on the same configuration.
+
+Many causes of one server running well below the others clear with a restart of that server:
+pools sized while another process held part of its GPU's memory (seen on the H200: a server
+started beside two others got no room for its KV cache), a CUDA context in a bad state,
+clocks stuck low after an error. Restarting it alone costs one server's start-up while the
+rest keep generating; the fleet is never stopped for it. Each server gets one such restart
+per job: one that is still slow after it is the GPU itself, which the log says and leaves to
+the user (nvidia-smi), rather than restarting it again and again.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from flows.job import Cycle, Hardware, cycles_artifact
+from flows.rollout import LiveConfig
+from tasks.health import ServerStartFailed
+from tasks.rolling import RollingFleet
+from tasks.tuning.diagnosis import Diagnosis
+from tasks.tuning.ledger import config_key
+
+if TYPE_CHECKING:
+    from flows.epoch import JobContext, TunerState
+    from tasks.tuning.watch import RegressionWatch
+
+SLOW_SHARE = 0.75  # as diagnose: below 0.75 × the median server's tok/s
+
+
+def slow_servers(diag: Diagnosis) -> list[tuple[str, float, float]]:
+    """(server, its tok/s, the median) for each server an asymmetric diagnosis names."""
+    speeds = [w.tok_s for w in diag.servers]
+    if len(speeds) < 2:
+        return []
+    median = statistics.median(speeds)
+    return [(w.server, w.tok_s, median) for w in diag.servers
+            if median > 0 and w.tok_s < SLOW_SHARE * median]
+
+
+def asymmetry_handler(live: LiveConfig, fleet: RollingFleet, ctx: JobContext,
+                      tuner: TunerState, hw: Hardware, epoch: int,
+                      watch: Callable[[], RegressionWatch]) -> Callable[[Diagnosis], bool]:
+    """The watch's `on_asymmetric`: restart each slow server alone (once), record it."""
+
+    def handle(diag: Diagnosis) -> bool:
+        slow = slow_servers(diag)
+        todo = [s for s in slow if s[0] not in tuner.restarted_alone]
+        for name, _, _ in slow:
+            if name in tuner.restarted_alone:
+                ctx.logger.warning("%s is still slow after a restart of its own: the GPU "
+                                   "itself (check nvidia-smi and that server's log); left as "
+                                   "it is", name)
+        for name, tok_s, median in todo:
+            tuner.restarted_alone.add(name)
+            restart_alone(name, tok_s, median, live, fleet, ctx, epoch)
+        if not todo:
+            return False
+        caps = {f"server-{c.index}": c.max_running_requests for c in fleet.capacities()}
+        ctx.totals.capacities = fleet.capacities()
+        w = watch()
+        w.reconfigured(caps, hw.plan(live.settings), w.baseline)
+        return True
+
+    return handle
+
+
+def restart_alone(name: str, tok_s: float, median: float, live: LiveConfig,
+                  fleet: RollingFleet, ctx: JobContext, epoch: int) -> None:
+    settings = live.settings
+    index = int(name.rsplit("-", 1)[1])
+    why = (f"{name} ran {tok_s:,.0f} tok/s per GPU against a median of {median:,.0f}: "
+           "restarted alone on the same config")
+    ctx.logger.warning("asymmetric fleet: %s", why)
+    try:
+        replaced = fleet.replace(index, settings, tag="restart", force=True)
+    except ServerStartFailed as exc:
+        ctx.logger.error("%s did not come back (%s); the others go on without it", name,
+                         str(exc).splitlines()[0][:200])
+        return
+    concurrency = settings.client.concurrency_per_server
+    ctx.totals.cycles.append(Cycle(
+        epoch=epoch, measured_tok_s_per_gpu=round(tok_s, 1), diagnosis="asymmetric",
+        reason=f"{why}; healthy after {replaced.startup_s:.0f} s, cap "
+               f"{replaced.capacity.max_running_requests}",
+        old=config_key(settings.server, concurrency),
+        new_flags=settings.server.model_dump(exclude_none=True, exclude={"extra_args"}),
+        new_concurrency=concurrency, cycle_seconds=round(replaced.out_s, 2),
+        kind="restart-one"))
+    cycles_artifact(ctx.totals.cycles)
