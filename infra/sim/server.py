@@ -15,7 +15,6 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -41,6 +40,7 @@ from infra.sim.startup import (
     IMPORT_S,
     READY_LINE,
     WEIGHT_LOAD_GIB_S,
+    degraded_speed,
     fail_start,
     log,
     modeled_startup_s,
@@ -334,19 +334,6 @@ def metrics_text(server: SimServer) -> str:
         retracted_total=st.retracted_total, cache_hit_rate=st.cache_hit_rate,
         new_token_ratio=st.new_token_ratio),
         eng.latencies, os.getpid())
-
-
-def degraded_speed(cfg: SimConfig) -> float:
-    """1.0, or the `degraded_speed` fault's factor on this port's first start."""
-    f = cfg.faults
-    if cfg.port not in f.degraded_ports or not f.degraded_marker_dir:
-        return 1.0
-    marker = Path(f.degraded_marker_dir) / f"started-{cfg.port}"
-    if marker.exists():
-        return 1.0
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text("")
-    return f.degraded_speed
 
 
 def main(argv: list[str] | None = None) -> None:

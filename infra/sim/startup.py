@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from datetime import datetime
+from pathlib import Path
 
 from infra.sglang.memory import MemoryPlan
 from infra.sim.config import SimConfig
@@ -71,3 +72,16 @@ def startup_lines(cfg: SimConfig, plan: MemoryPlan, free_before: float) -> list[
         f"{plan.max_running_requests}, context_len={plan.context_len}, "
         f"available_gpu_mem={avail:.2f} GB")
     return lines
+
+
+def degraded_speed(cfg: SimConfig) -> float:
+    """1.0, or the `degraded_speed` fault's factor on this port's first start."""
+    f = cfg.faults
+    if cfg.port not in f.degraded_ports or not f.degraded_marker_dir:
+        return 1.0
+    marker = Path(f.degraded_marker_dir) / f"started-{cfg.port}"
+    if marker.exists():
+        return 1.0
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text("")
+    return f.degraded_speed

@@ -27,7 +27,12 @@ def test_the_watch_asks_after_two_asymmetric_checks_in_a_row() -> None:
     watch = RegressionWatch(_Monitor(), {}, None, 1.0, 4.0, None, None, None,  # type: ignore[arg-type]
                             enabled=True)
     asked: list[Diagnosis] = []
-    watch.on_asymmetric = lambda d: asked.append(d) or True
+
+    def ask(diag: Diagnosis) -> bool:
+        asked.append(diag)
+        return True
+
+    watch.on_asymmetric = ask
     odd = Diagnosis("asymmetric", "", 1.0)
     fine = Diagnosis("compute-bound", "", 1.0)
     assert not watch._repaired(odd)
