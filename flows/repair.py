@@ -11,7 +11,7 @@ the user (nvidia-smi), rather than restarting it again and again.
 
 from __future__ import annotations
 
-import statistics
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -19,39 +19,30 @@ from flows.job import Cycle, Hardware, cycles_artifact
 from flows.rollout import LiveConfig
 from tasks.health import ServerStartFailed
 from tasks.rolling import RollingFleet
-from tasks.tuning.diagnosis import Diagnosis
+from tasks.tuning.diagnosis import Diagnosis, slow_servers
 from tasks.tuning.ledger import config_key
 
 if TYPE_CHECKING:
     from flows.epoch import JobContext, TunerState
     from tasks.tuning.watch import RegressionWatch
 
-SLOW_SHARE = 0.75  # as diagnose: below 0.75 × the median server's tok/s
-
-
-def slow_servers(diag: Diagnosis) -> list[tuple[str, float, float]]:
-    """(server, its tok/s, the median) for each server an asymmetric diagnosis names."""
-    speeds = [w.tok_s for w in diag.servers]
-    if len(speeds) < 2:
-        return []
-    median = statistics.median(speeds)
-    return [(w.server, w.tok_s, median) for w in diag.servers
-            if median > 0 and w.tok_s < SLOW_SHARE * median]
-
-
 def asymmetry_handler(live: LiveConfig, fleet: RollingFleet, ctx: JobContext,
                       tuner: TunerState, hw: Hardware, epoch: int,
                       watch: Callable[[], RegressionWatch]) -> Callable[[Diagnosis], bool]:
     """The watch's `on_asymmetric`: restart each slow server alone (once), record it."""
 
+    told: set[str] = set()
+
     def handle(diag: Diagnosis) -> bool:
+        settled = 2 * live.settings.tuning.window_s
+        if time.monotonic() - fleet.last_join < settled:
+            return False  # a server (re)joined recently: the fleet is not in steady state
         slow = slow_servers(diag)
         todo = [s for s in slow if s[0] not in tuner.restarted_alone]
-        for name, _, _ in slow:
-            if name in tuner.restarted_alone:
-                ctx.logger.warning("%s is still slow after a restart of its own: the GPU "
-                                   "itself (check nvidia-smi and that server's log); left as "
-                                   "it is", name)
+        for name in {s[0] for s in slow} - {s[0] for s in todo} - told:
+            told.add(name)
+            ctx.logger.warning("%s is still slow after a restart of its own: the GPU itself "
+                               "(check nvidia-smi and that server's log); left as it is", name)
         for name, tok_s, median in todo:
             tuner.restarted_alone.add(name)
             restart_alone(name, tok_s, median, live, fleet, ctx, epoch)

@@ -55,6 +55,7 @@ class RollingFleet:
         self.logger = logger
         self.abort = abort  # set when the epoch ends: no replacement may start after it
         self.check_gpu_memory = check_gpu_memory
+        self.last_join = time.monotonic()  # when a server last (re)joined dispatch
         self._lock = threading.Lock()
 
     def handles(self) -> list[ServerHandle]:
@@ -97,6 +98,7 @@ class RollingFleet:
         with self._lock:
             self.caps[index] = cap
         self.control.join(endpoint_of(settings, cap))
+        self.last_join = time.monotonic()
         out_s = time.monotonic() - started
         self.logger.info("%s restarted as %s (%s): healthy after %.0f s, cap %d, out of "
                          "dispatch %.0f s, %d in-flight request(s) failed over", name, tag,

@@ -126,6 +126,19 @@ class PoolView:
         return "cap = mamba slots / slots per request"
 
 
+SLOW_SHARE = 0.75  # a server below 0.75 × the median server's tok/s makes a fleet asymmetric
+
+
+def slow_servers(diag: Diagnosis) -> list[tuple[str, float, float]]:
+    """(server, its tok/s, the median) for each server an asymmetric diagnosis names."""
+    speeds = [w.tok_s for w in diag.servers]
+    if len(speeds) < 2:
+        return []
+    median = statistics.median(speeds)
+    return [(w.server, w.tok_s, median) for w in diag.servers
+            if median > 0 and w.tok_s < SLOW_SHARE * median]
+
+
 def diagnose(windows: list[ServerWindow], caps: dict[str, int],
              pools: MemoryPlan | PoolView | None) -> Diagnosis:
     """Why the fleet runs at its speed, from the window and the servers' caps.
@@ -142,7 +155,7 @@ def diagnose(windows: list[ServerWindow], caps: dict[str, int],
                          windows)
     speeds = [w.tok_s for w in windows]
     median = statistics.median(speeds)
-    slow = [w for w in windows if median > 0 and w.tok_s < 0.75 * median]
+    slow = [w for w in windows if median > 0 and w.tok_s < SLOW_SHARE * median]
     if len(windows) > 1 and slow:
         names = ", ".join(f"{w.server} {w.tok_s:,.0f} tok/s" for w in slow)
         return Diagnosis("asymmetric", f"{names} vs a median of {median:,.0f} tok/s: a GPU "

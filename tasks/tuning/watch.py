@@ -13,7 +13,13 @@ from dataclasses import dataclass
 
 from infra.sglang.memory import MemoryPlan
 from tasks.monitor import FleetMonitor
-from tasks.tuning.diagnosis import Diagnosis, diagnose, steady_tok_s_per_gpu, window_stats
+from tasks.tuning.diagnosis import (
+    Diagnosis,
+    diagnose,
+    slow_servers,
+    steady_tok_s_per_gpu,
+    window_stats,
+)
 from tasks.tuning.policy import Proposal
 
 
@@ -58,7 +64,7 @@ class RegressionWatch:
         # diagnosis -> True when the slow servers of an asymmetric fleet were restarted
         # alone (flows/rollout.py: asymmetry_handler)
         self.on_asymmetric: Callable[[Diagnosis], bool] | None = None
-        self._asymmetric_checks = 0
+        self._slow_streak: dict[str, int] = {}  # checks in a row a server was the slow one
         self._proposal: Proposal | None = None
         self.stop = threading.Event()
         self.result = WatchResult()
@@ -108,7 +114,7 @@ class RegressionWatch:
 
     def _run(self) -> None:
         first_check = self._started + 1.5 * self.window_s
-        while not self._done.wait(min(1.0, self.window_s / 4)):
+        while not self._done.wait(self.check_interval_s()):
             if not self.enabled or self.monitor.now() < first_check:
                 continue
             diag = self._measure()
@@ -131,13 +137,19 @@ class RegressionWatch:
                 self.stop.set()
                 return
 
+    def check_interval_s(self) -> float:
+        return min(1.0, self.window_s / 4)
+
     def _repaired(self, diag: Diagnosis) -> bool:
-        """Two asymmetric checks in a row (one can be a restart's warm-up): hand the slow
-        servers to `on_asymmetric`, which restarts each alone, once."""
-        self._asymmetric_checks = self._asymmetric_checks + 1 if diag.kind == "asymmetric" else 0
-        if self._asymmetric_checks < 2 or self.on_asymmetric is None:
+        """A server slow in every check for two windows running — not one slow window: with
+        long requests a server's committed tokens come in waves, and a server just restarted
+        is still filling up — is handed to `on_asymmetric`, which restarts it alone, once."""
+        slow = {name for name, _, _ in slow_servers(diag)} if diag.kind == "asymmetric" else set()
+        self._slow_streak = {n: self._slow_streak.get(n, 0) + 1 for n in slow}
+        needed = math.ceil(2 * self.window_s / self.check_interval_s())
+        if self.on_asymmetric is None or not any(v >= needed for v in self._slow_streak.values()):
             return False
-        self._asymmetric_checks = 0
+        self._slow_streak = {}
         return self.on_asymmetric(diag)
 
     def _reason(self, diag: Diagnosis) -> str:

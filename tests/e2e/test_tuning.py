@@ -134,12 +134,13 @@ def test_config_that_ooms_is_rolled_back_and_nothing_is_lost(prefect_api: None,
 def test_a_slow_server_is_restarted_alone_and_the_rest_keep_generating(
         prefect_api: None, tmp_path: Path) -> None:
     """server-2's GPU runs at 0.35× until its server restarts (fault injection): the watch
-    reads the fleet as asymmetric twice, restarts that server alone on the same config, and
+    finds that server slow for two windows running, restarts it alone on the same config, and
     the three run alike afterwards; nothing is lost or duplicated."""
     port = free_port_block(3)
     summary, out = run(
-        tmp_path, 1500, 3, model="qwen3.6-27b-fp8", base_port=port, **{
-            "sim.gpu": "rtx-pro-6000", "sim.time_scale": 20.0,
+        tmp_path, 2500, 3, model="qwen3.6-27b-fp8", base_port=port, **{
+            "sim.gpu": "rtx-pro-6000", "sim.time_scale": 20.0, "tuning.window_s": 2.0,
+            "tuning.sample_interval_s": 0.25,
             "server.mamba_strategy": "no_buffer", "sampling.max_new_tokens": 512,
             "sim.faults": {"degraded_ports": [port + 2], "degraded_speed": 0.35,
                            "degraded_marker_dir": str(tmp_path / "markers")}})
