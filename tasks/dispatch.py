@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -44,6 +45,8 @@ __all__ = [
     "build_request",
     "parse_response",
 ]
+
+log = logging.getLogger("expansion.dispatch")
 
 DEAD_AFTER_CONNECT_FAILURES = 3
 POOL_CONNECTIONS = 16  # workers per httpx client; each worker holds at most one connection
@@ -291,8 +294,10 @@ class Dispatcher:
             if exc.connect:
                 fails = self._connect_failures.get(ep.name, 0) + 1
                 self._connect_failures[ep.name] = fails
-                if fails >= DEAD_AFTER_CONNECT_FAILURES:
+                if fails >= DEAD_AFTER_CONNECT_FAILURES and ep.name not in self._dead:
                     self._dead.add(ep.name)
+                    log.warning("%s: %d connection failures in a row, taken out of dispatch "
+                                "(%s)", ep.name, fails, exc)
             if item.attempts >= self.opts.max_attempts:
                 self._queue.done(item)
                 await self._record_error(

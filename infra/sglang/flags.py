@@ -15,6 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 MambaStrategy = Literal["auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"]
 
 
+MAX_MAMBA_FULL_MEMORY_RATIO = 10.0  # beyond it the KV pool is a sliver: moves stop there
+
+
+def scaled_ratio(ratio: float, factor: float) -> float:
+    """A mamba share `factor` × `ratio`, kept within what the setting allows."""
+    return round(min(ratio * factor, MAX_MAMBA_FULL_MEMORY_RATIO), 3)
+
+
 class ServerFlags(BaseModel):
     """Server-side knobs. None means "SGLang's default" (resolved by the memory model)."""
 
@@ -28,7 +36,8 @@ class ServerFlags(BaseModel):
         "auto", description="--mamba-radix-cache-strategy (old: --mamba-scheduler-strategy)")
     max_mamba_cache_size: int | None = Field(None, ge=1, description="explicit mamba slot count")
     mamba_full_memory_ratio: float | None = Field(
-        None, gt=0, le=10, description="mamba : full-attention KV memory ratio (default 0.9)")
+        None, gt=0, le=MAX_MAMBA_FULL_MEMORY_RATIO,
+        description="mamba : full-attention KV memory ratio (default 0.9)")
     mamba_ssm_dtype: Literal["float32", "bfloat16", "float16"] | None = None
     disable_overlap_schedule: bool = False
     disable_radix_cache: bool = False

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infra.sglang.flags import ServerFlags
+from infra.sglang.flags import ServerFlags, scaled_ratio
 from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
 from infra.sglang.profiles import GpuProfile, ModelProfile
 from infra.sglang.roofline import build_roofline
@@ -59,8 +59,8 @@ def candidate_flags(model: ModelProfile, flags: ServerFlags, current: MemoryPlan
             out.append(("extra_buffer", flags.with_changes(mamba_strategy="extra_buffer",
                                                            disable_overlap_schedule=False)))
         if flags.max_mamba_cache_size is None:
-            out.append((f"mamba ratio {ratio:g}→{ratio * 1.5:g}",
-                        flags.with_changes(mamba_full_memory_ratio=round(ratio * 1.5, 3))))
+            out.append((f"mamba ratio {ratio:g}→{scaled_ratio(ratio, 1.5):g}",
+                        flags.with_changes(mamba_full_memory_ratio=scaled_ratio(ratio, 1.5))))
         else:
             more = int(flags.max_mamba_cache_size * 1.5)
             out.append((f"mamba slots {flags.max_mamba_cache_size}→{more}",

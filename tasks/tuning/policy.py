@@ -4,10 +4,11 @@ filtered by the ledger, and the gain a restart must promise to pay for itself.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
-from infra.sglang.flags import ServerFlags
+from infra.sglang.flags import ServerFlags, scaled_ratio
 from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
 from infra.sglang.planner import MAX_MEM_FRACTION, candidate_flags, predict_tok_s
 from infra.sglang.profiles import GpuProfile, ModelProfile
@@ -71,16 +72,26 @@ def _combined_moves(model: ModelProfile, flags: ServerFlags, plan: MemoryPlan | 
         max_mamba_cache_size=None))]
     if plan is not None and plan.binding_limit == "mamba":
         out.append(("more mamba share + mem fraction", flags.with_changes(
-            mamba_full_memory_ratio=round(ratio * 2, 3), mem_fraction_static=m,
+            mamba_full_memory_ratio=scaled_ratio(ratio, 2), mem_fraction_static=m,
             max_running_requests=256, max_mamba_cache_size=None)))
         out.append(("no_buffer + more mamba share + mem fraction", flags.with_changes(
-            mamba_strategy="no_buffer", mamba_full_memory_ratio=round(ratio * 2, 3),
+            mamba_strategy="no_buffer", mamba_full_memory_ratio=scaled_ratio(ratio, 2),
             mem_fraction_static=m, max_running_requests=256, max_mamba_cache_size=None)))
+        # Where the mamba pool binds, how far to shift memory to it is a sizing question the
+        # memory model answers: one cycle should land on the best split, not on the first
+        # step towards it (the next step is then often below min_predicted_gain, and the job
+        # stays at 95 % of what it could do: bench/tuning.py canary-4).
+        for mult, mem in itertools.product((3, 4, 6), sorted({m, mem_ceiling})):
+            out.append((f"no_buffer + mamba share ×{mult} + mem fraction {mem:g}",
+                        flags.with_changes(mamba_strategy="no_buffer",
+                                           mamba_full_memory_ratio=scaled_ratio(ratio, mult),
+                                           mem_fraction_static=mem, max_running_requests=None,
+                                           max_mamba_cache_size=None)))
     if flags.speculative and plan is not None and plan.binding_limit == "mamba":
         slots = (flags.max_mamba_cache_size or plan.mamba_slots) * 2
         out.append((f"mamba slots {plan.mamba_slots}→{slots} + ratio + mem fraction",
                     flags.with_changes(max_mamba_cache_size=slots, mem_fraction_static=m,
-                                       mamba_full_memory_ratio=round(ratio * 1.5, 3),
+                                       mamba_full_memory_ratio=scaled_ratio(ratio, 1.5),
                                        max_running_requests=max(64, slots // plan.slot_ratio))))
     return out
 

@@ -42,3 +42,18 @@ def test_a_prefix_heavy_job_is_not_moved_to_no_buffer_on_a_gain_it_would_lose() 
     light = propose(diag, EB, 32, FP8, RTX, V, tried=set(), reuse=PrefixReuse(0.05, 2.0))
     assert light is not None and light.flags.mamba_strategy == "no_buffer"
     assert "reuse lost" in light.reason
+
+
+def test_one_cycle_lands_on_the_best_split_of_memory() -> None:
+    """bench/tuning.py canary-4: a first move that only went part way left the job at 95 %
+    of the sweep's best (the next step was under min_predicted_gain)."""
+    p = propose(Diagnosis("mamba-bound", "", 500.0), EB, 32, FP8, RTX, V, tried=set())
+    assert p is not None and p.predicted_tok_s_per_gpu is not None
+    assert p.flags.mamba_strategy == "no_buffer" and p.flags.mem_fraction_static == 0.95
+    assert p.predicted_tok_s_per_gpu > 1600
+
+
+def test_mamba_share_moves_stop_at_the_settings_limit() -> None:
+    big = EB.with_changes(mamba_strategy="no_buffer", mamba_full_memory_ratio=9.0)
+    p = propose(Diagnosis("mamba-bound", "", 500.0), big, None, FP8, RTX, V, tried=set())
+    assert p is None or (p.flags.mamba_full_memory_ratio or 0) <= 10.0
