@@ -20,6 +20,16 @@ def group(prefix: str, n: int) -> list[Item]:
     return [Item({"prompt": f"{prefix}Question {k}?"}) for k in range(n)]
 
 
+def queued_group(n: int, leader_wait_s: float) -> tuple[AffinityQueue, list[Item], str, str]:
+    """A queue over two servers holding one group of n: (queue, items, its server, the other)."""
+    queue = AffinityQueue(1024, lambda: ["s0", "s1"], leader_wait_s=leader_wait_s)
+    items = group(PREFIX, n)
+    for item in items:
+        queue.put(item)
+    home = owner(prefix_key(items[0].row, 1024) or "", ["s0", "s1"])
+    return queue, items, home, "s1" if home == "s0" else "s0"
+
+
 def test_the_key_is_the_head_of_the_prompt_and_short_prompts_have_none() -> None:
     a, b = group(PREFIX, 2)
     assert prefix_key(a.row, 1024) == prefix_key(b.row, 1024)
@@ -44,15 +54,10 @@ def test_rendezvous_owner_moves_only_the_keys_of_a_server_that_left() -> None:
 
 def test_followers_wait_for_their_leader_then_go_to_its_server() -> None:
     async def scenario() -> None:
-        queue = AffinityQueue(1024, lambda: ["s0", "s1"], leader_wait_s=60)
-        items = group(PREFIX, 4)
-        for item in items:
-            queue.put(item)
-        home = owner(prefix_key(items[0].row, 1024) or "", ["s0", "s1"])
+        queue, items, home, other = queued_group(4, leader_wait_s=60)
         assert queue.qsize() == 4
         leader = await queue.get(home)
         assert leader is items[0]
-        other = "s1" if home == "s0" else "s0"
         # the followers are held: neither server gets one before the leader is answered
         for name in (home, other):
             assert queue._take(name) is None
@@ -67,12 +72,7 @@ def test_followers_wait_for_their_leader_then_go_to_its_server() -> None:
 
 def test_an_idle_server_steals_and_a_slow_leader_does_not_stall_its_group() -> None:
     async def scenario() -> None:
-        queue = AffinityQueue(1024, lambda: ["s0", "s1"], leader_wait_s=0.05)
-        items = group(PREFIX, 3)
-        for item in items:
-            queue.put(item)
-        home = owner(prefix_key(items[0].row, 1024) or "", ["s0", "s1"])
-        thief = "s1" if home == "s0" else "s0"
+        queue, items, _, thief = queued_group(3, leader_wait_s=0.05)
         assert await queue.get(thief) is items[0]  # the only one free: stolen
         assert queue.stolen == 1
         # never answered within leader_wait_s: the group is released anyway
