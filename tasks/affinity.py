@@ -82,7 +82,9 @@ class AffinityQueue:
         self._warm: OrderedDict[tuple[str, str], None] = OrderedDict()  # (server, key), LRU
         self._home: OrderedDict[str, str] = OrderedDict()  # key -> server that stole its leader
         self._size = 0
-        self._ready = asyncio.Event()
+        # idle workers, per server: a prompt wakes one (its server's first), as asyncio.Queue
+        # does — an Event would wake every idle worker of the fleet for each prompt
+        self._waiters: dict[str, deque[asyncio.Future[None]]] = {}
         self.stolen = 0
         self.grouped = 0  # prompts sent to a server that had their prefix already
 
@@ -116,7 +118,7 @@ class AffinityQueue:
                 self._held[key] = []
                 self._deadlines.append((time.monotonic() + self.leader_wait_s, key, server))
                 self._line(server).append(item)
-        self._ready.set()
+        self._wake(self._server_for(key, live) if key is not None and live else None)
 
     def done(self, item: Routable) -> None:
         """The prompt was answered (or failed for good): a leader's group may follow now."""
@@ -136,11 +138,24 @@ class AffinityQueue:
             for follower in waiting:
                 self.put(follower)
             return
-        line = self._line(self._server_for(key, live))
+        home = self._server_for(key, live)
         # to the front: their prefix is cached now (and stealing takes from the back)
-        line.extendleft(reversed(waiting))
+        self._line(home).extendleft(reversed(waiting))
         self.grouped += len(waiting)
-        self._ready.set()
+        self._wake(home, len(waiting))
+
+    def _wake(self, server: str | None, n: int = 1) -> None:
+        """Wake up to n idle workers, `server`'s own first, then any server's."""
+        lines = ([self._waiters[server]] if server in self._waiters else []) + list(
+            self._waiters.values())
+        for waiting in lines:
+            while n and waiting:
+                fut = waiting.popleft()
+                if not fut.done():
+                    fut.set_result(None)
+                    n -= 1
+            if not n:
+                return
 
     def forget(self, server: str) -> None:
         """A server restarted (its cache is empty) or left: its keys are cold again."""
@@ -156,9 +171,21 @@ class AffinityQueue:
             if item is not None:
                 self._size -= 1
                 return item
-            self._ready.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._ready.wait(), timeout=0.25)
+            await self._idle(server)
+
+    async def _idle(self, server: str) -> None:
+        """Until a prompt may be there for `server` — or 0.25 s, for held groups' deadlines."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiting = self._waiters.setdefault(server, deque())
+        waiting.append(fut)
+        timer = asyncio.get_running_loop().call_later(0.25, _resolve, fut)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+            if not fut.done() or fut in waiting:  # timed out or cancelled: not popped
+                with contextlib.suppress(ValueError):
+                    waiting.remove(fut)
 
     def _release_overdue(self) -> None:
         now = time.monotonic()
@@ -190,3 +217,8 @@ class AffinityQueue:
                     self._home.popitem(last=False)
                 return item
         return busiest.pop()
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
