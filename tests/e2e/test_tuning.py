@@ -133,7 +133,8 @@ def test_config_that_ooms_is_rolled_back_and_nothing_is_lost(prefect_api: None,
 @pytest.mark.slow
 def test_a_slow_server_is_restarted_alone_and_the_rest_keep_generating(
         prefect_api: None, tmp_path: Path) -> None:
-    """server-2's GPU runs at 0.35× until its server restarts (fault injection): the watch
+    """server-2's GPU runs at 0.15× until its server restarts (fault injection; on a loaded
+    box every server slows, and 0.35× read as 0.72 of the median): the watch
     finds that server slow for two windows running, restarts it alone on the same config, and
     the three run alike afterwards; nothing is lost or duplicated."""
     port = free_port_block(3)
@@ -142,7 +143,7 @@ def test_a_slow_server_is_restarted_alone_and_the_rest_keep_generating(
             "sim.gpu": "rtx-pro-6000", "sim.time_scale": 20.0, "tuning.window_s": 2.0,
             "tuning.sample_interval_s": 0.25,
             "server.mamba_strategy": "no_buffer", "sampling.max_new_tokens": 512,
-            "sim.faults": {"degraded_ports": [port + 2], "degraded_speed": 0.35,
+            "sim.faults": {"degraded_ports": [port + 2], "degraded_speed": 0.15,
                            "degraded_marker_dir": str(tmp_path / "markers")}})
     repairs = [c for c in summary["cycles"] if c["kind"] == "restart-one"]
     assert len(repairs) == 1, summary["cycles"]
