@@ -78,7 +78,7 @@ class PrefixCache:
             if digest in self._entries:
                 self._entries.move_to_end(digest)
                 continue
-            self._entries[digest] = cost if self.branching else -length
+            self._entries[digest] = cost
             self._held += cost
             if not self.branching:
                 self._lengths[length] = self._lengths.get(length, 0) + 1
@@ -86,14 +86,12 @@ class PrefixCache:
 
     def _evict(self) -> None:
         while self._held > self.capacity_tokens and self._entries:
-            _, value = self._entries.popitem(last=False)
-            if value < 0:  # a no_buffer entry: a whole prompt of -value tokens
-                self._held += value
-                self._lengths[-value] -= 1
-                if not self._lengths[-value]:
-                    del self._lengths[-value]
-            else:
-                self._held -= value
+            _, tokens = self._entries.popitem(last=False)
+            self._held -= tokens
+            if not self.branching:  # a whole cached prompt: its length may go from the marks
+                self._lengths[tokens] -= 1
+                if not self._lengths[tokens]:
+                    del self._lengths[tokens]
 
 
 def _digests(data: bytes, marks: list[int] | range) -> list[tuple[int, bytes]]:
