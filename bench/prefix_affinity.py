@@ -2,6 +2,7 @@
 what it does to throughput, with one shared queue (off) and with affinity (on).
 
     python bench/prefix_affinity.py [--groups 300] [--servers 3] [--time-scale 20]
+        [--doc-words 700] [--set client.concurrency_per_server=12 ...]
 
 The input holds groups of four prompts sharing a ~4,300-character document, members next to
 each other (as a file sorted by document); each run gets its own documents. Both runs go
@@ -52,11 +53,11 @@ enabled = false
 """
 
 
-def write_prompts(path: Path, groups: int, salt: str) -> None:
+def write_prompts(path: Path, groups: int, salt: str, doc_words: int) -> None:
     with path.open("w") as fh:
         for g in range(groups):
             rng = random.Random(f"{salt}-{g}")
-            doc = " ".join(rng.choice(WORDS) for _ in range(700))
+            doc = " ".join(rng.choice(WORDS) for _ in range(doc_words))
             for k in range(4):
                 fh.write(json.dumps({"id": 4 * g + k, "prompt": f"Document {g}: {doc}\n\n"
                                      f"Question {k}: what does line {k} say?"}) + "\n")
@@ -64,11 +65,13 @@ def write_prompts(path: Path, groups: int, salt: str) -> None:
 
 def run_mode(work: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     prompts, out = work / f"{mode}.jsonl", work / f"out-{mode}"
-    write_prompts(prompts, args.groups, mode)
+    write_prompts(prompts, args.groups, mode, args.doc_words)
+    overrides = [a for kv in args.set for a in ("--set", kv)]
     started = time.monotonic()
     subprocess.run([sys.executable, "-m", "expansion.cli", "run", "--config",
                     str(work / "job.toml"), "--prompts", str(prompts), "--output", str(out),
-                    "--set", f"client.prefix_affinity_chars={0 if mode == 'off' else 1024}"],
+                    "--set", f"client.prefix_affinity_chars={0 if mode == 'off' else 1024}",
+                    *overrides],
                    cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     wall = time.monotonic() - started
     rows = pl.concat([pl.read_parquet(f) for f in sorted((out / "shards").glob("*.parquet"))])
@@ -88,6 +91,10 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=300)
     parser.add_argument("--servers", type=int, default=3)
     parser.add_argument("--time-scale", type=float, default=20.0)
+    parser.add_argument("--doc-words", type=int, default=700,
+                        help="words in each group's shared document")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a job setting for both runs (as `expansion run --set`)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -95,6 +102,7 @@ def main() -> None:
         (work / "job.toml").write_text(JOB.format(servers=args.servers, model=model,
                                                   time_scale=args.time_scale))
         result: dict[str, Any] = {"groups": args.groups, "servers": args.servers,
+                                  "settings": args.set,
                                   "off": run_mode(work, "off", args),
                                   "on": run_mode(work, "on", args)}
     on, off = result["on"], result["off"]

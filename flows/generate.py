@@ -120,7 +120,8 @@ def summarize(settings: JobSettings, state: JobState, totals: RunTotals,
         final_server_flags=settings.server.model_dump(exclude_none=True,
                                                       exclude={"extra_args"}),
         prompt_tokens=totals.prompt_tokens, cached_tokens=totals.cached_tokens,
-        prefix_affinity_chars=settings.client.prefix_affinity_chars)
+        prefix_affinity_chars=settings.client.prefix_affinity_chars,
+        client_concurrency=settings.client.concurrency_per_server)
 
 
 @flow(name="generate", on_cancellation=[_stop_fleet_hook],  # type: ignore[list-item]

@@ -45,6 +45,7 @@ class RunSummary(BaseModel):
     prompt_tokens: int = 0
     cached_tokens: int = 0  # of prompt_tokens, reused from the servers' prefix caches
     prefix_affinity_chars: int = 0
+    client_concurrency: int | None = None  # client.concurrency_per_server, when set
 
 
 def summary_lines(summary: RunSummary | dict[str, Any]) -> list[str]:
@@ -63,8 +64,10 @@ def summary_lines(summary: RunSummary | dict[str, Any]) -> list[str]:
             "real hardware")
     caps = sorted({srv.max_running_requests for srv in s.servers})
     if caps:
+        client = (f"; the client keeps {s.client_concurrency} in flight per server "
+                  "(client.concurrency_per_server)" if s.client_concurrency else "")
         lines.append(f"servers: {len(s.servers)}, concurrency cap "
-                     f"{'/'.join(map(str, caps))} each")
+                     f"{'/'.join(map(str, caps))} each{client}")
     if s.capacity_note:
         lines.append(f"capacity: {s.capacity_note}")
     if s.prompt_tokens:

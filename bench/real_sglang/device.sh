@@ -144,7 +144,7 @@ PY
     rm -rf /tmp/aff-$mode
     PYTHONPATH=$D:$ROOT timeout 280 python3 -m expansion.cli run --config bench/real_sglang/job_tiny_affinity.toml \
       --prompts /tmp/affinity.jsonl --output /tmp/aff-$mode --set python=/tmp/sglpy \
-      --set client.prefix_affinity_chars=$chars 2>&1 | tee $OUT/affinity-$mode.log
+      --set client.prefix_affinity_chars=$chars "${@:3}" 2>&1 | tee $OUT/affinity-$mode.log
     PYTHONPATH=$D:$ROOT python3 - /tmp/aff-$mode <<'PY' | tee $OUT/affinity-$mode.json
 import glob, json, sys
 import polars as pl
@@ -156,7 +156,7 @@ print(json.dumps({"rows": df.height, "unique_ids": df["id"].n_unique(),
                   "by_server": df.group_by("server").agg(pl.len(), pl.col("cached_tokens").sum(),
                                                         pl.col("prompt_tokens").sum()).sort("server").to_dicts()}))
 PY
-    tar -czf $OUT/aff-$mode.tar.gz -C /tmp aff-$mode --exclude='*.parquet'
+    tar -czf $OUT/aff-$mode.tar.gz --exclude='*.parquet' -C /tmp aff-$mode
   done
   ;;
 limits)

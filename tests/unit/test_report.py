@@ -75,6 +75,14 @@ def test_summary_says_which_clock() -> None:
     assert "tuning cycles: 1; epoch 1: mamba-bound → fleet restarted with no_buffer" in real
 
 
+def test_summary_says_what_the_client_keeps_in_flight_when_it_is_set() -> None:
+    """The server's cap is not what a run with client.concurrency_per_server sent."""
+    assert "servers: 1, concurrency cap 31 each" in summary_lines(summary(1.0))
+    capped = summary_lines({**summary(1.0), "client_concurrency": 12})
+    assert ("servers: 1, concurrency cap 31 each; the client keeps 12 in flight per server "
+            "(client.concurrency_per_server)") in capped
+
+
 def test_summary_says_how_a_canary_ended() -> None:
     from flows.summary import cycle_line
 
