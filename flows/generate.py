@@ -156,7 +156,8 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
         logger.info("removed %d shard files an interrupted run left without a manifest entry "
                     "(they are regenerated)", state.removed_strays)
     initial = state
-    totals = RunTotals()
+    totals = RunTotals(primes_groups=settings.client.prefix_affinity_chars > 0
+                       and state.input_kind != "messages")
     started = time.monotonic()
     monitor = FleetMonitor(settings.tuning.sample_interval_s,
                            settings.api_key.get_secret_value() if settings.api_key else None)

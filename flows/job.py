@@ -71,12 +71,16 @@ class RunTotals:
     answers: int = 0  # every answer received, including those of shards redone after a drain
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens the servers' prefix caches reused
-
-    def prefix_reuse(self) -> PrefixReuse | None:
-        return PrefixReuse.measured(self.prompt_tokens, self.cached_tokens, self.tokens)
+    # prefix affinity primes groups on no_buffer servers (text or token-id prompts, affinity
+    # on: tasks/affinity.py), so a move there keeps the reuse
+    primes_groups: bool = False
     capacities: list[Capacity] = field(default_factory=list)
     caps_by_epoch: dict[int, dict[str, int]] = field(default_factory=dict)  # for the report
     cycles: list[Cycle] = field(default_factory=list)
+
+    def prefix_reuse(self) -> PrefixReuse | None:
+        return PrefixReuse.measured(self.prompt_tokens, self.cached_tokens, self.tokens,
+                                    self.primes_groups)
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,8 @@ def prefix_line(s: RunSummary) -> str:
     share = s.cached_tokens / s.prompt_tokens
     how = (f"prefix affinity on (first {s.prefix_affinity_chars:,} characters)"
            if s.prefix_affinity_chars else "prefix affinity off")
+    if s.prefix_affinity_chars and s.final_server_flags.get("mamba_strategy") == "no_buffer":
+        how += "; no_buffer: each group's shared prefix went first (a primer)"
     return (f"prefix cache: {share:.1%} of {s.prompt_tokens:,} prompt tokens reused; {how}")
 
 

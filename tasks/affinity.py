@@ -17,6 +17,12 @@ from the longest line of another — a group's leader if that line has one (the 
 follows it to its new server, nothing is lost), else its last prompt: affinity never leaves a
 GPU without work. Prompts shorter
 than `key_chars` have nothing long to share and go to the shared line.
+
+A server whose radix cache cannot resume where a prompt branches off a cached one (no_buffer:
+it keeps mamba states only where cached sequences end) gains nothing from a leader: its
+followers branch off it (real: 5.0 % reused). For such a server the group is *primed*: the
+bare prefix its first two prompts share, cut on a token boundary, goes first as a one-token
+request, and the whole group follows it (real, the bare prefix first: 98.5 % reused).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 STEAL_SCAN = 64  # prompts at the end of a line searched for a leader to steal
+MIN_PRIMER_CHARS = 256  # a shared prefix shorter than this is not worth a request
 WARM_KEYS_KEPT = 65_536  # (server, key) pairs remembered as warm; older ones count as cold
 
 
@@ -58,6 +65,44 @@ def prefix_key(row: dict[str, Any], key_chars: int) -> str | None:
     return None if head is None else hashlib.blake2b(head.encode(), digest_size=8).hexdigest()
 
 
+def shared_prefix_row(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
+    """A primer for the group of `a` and `b`: the prefix they share, cut where both prompts
+    have a token boundary, as an input row — or None (chat rows: the template decides the
+    tokens; or too short). Token ids are cut exactly. Text is cut before a space that follows
+    a letter or digit: BPE pre-tokenizers (and SentencePiece's ▁) start a token there, so the
+    primer's tokens are the first tokens of both prompts; a cut elsewhere (before "\n\n"
+    after a full stop, say) can fall inside a token and the primer would match nothing."""
+    ids_a, ids_b = a.get("input_ids"), b.get("input_ids")
+    if ids_a is not None and ids_b is not None:
+        n = _common_length(list(ids_a), list(ids_b))
+        return {"input_ids": list(ids_a)[:n]} if 4 * n >= MIN_PRIMER_CHARS else None
+    if a.get("messages") is not None or b.get("messages") is not None:
+        return None
+    text_a, text_b = str(a.get("prompt") or ""), str(b.get("prompt") or "")
+    cut = _common_length(text_a, text_b)
+    if cut == len(text_a) or cut == len(text_b):
+        return None  # one prompt is the other's prefix: the shorter one primes by itself
+    while cut > 0 and not (text_a[cut] == " " and text_a[cut - 1].isalnum()):
+        cut -= 1
+    return {"prompt": text_a[:cut]} if cut >= MIN_PRIMER_CHARS else None
+
+
+def _common_length(a: Any, b: Any) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class Primer:
+    """A one-token request carrying a group's shared prefix (not a prompt of the job)."""
+
+    def __init__(self, row: dict[str, Any], key: str) -> None:
+        self.row = row
+        self.key = key
+
+
 def owner(key: str, servers: list[str]) -> str:
     """Rendezvous (highest-random-weight) hashing: stable while the server set is."""
     return max(servers, key=lambda s: hashlib.blake2b(f"{s}|{key}".encode(),
@@ -69,10 +114,12 @@ class AffinityQueue:
     take work now; workers ask `get(server)` and report `done(item)` once answered."""
 
     def __init__(self, key_chars: int, live: Callable[[], list[str]],
-                 leader_wait_s: float = 2.0) -> None:
+                 leader_wait_s: float = 2.0,
+                 primes: Callable[[str], bool] = lambda _server: False) -> None:
         self.key_chars = key_chars
         self.leader_wait_s = leader_wait_s
         self._live = live
+        self._primes = primes  # server -> its cache cannot resume at branch points
         self._shared: deque[Any] = deque()
         self._lines: dict[str, deque[Any]] = {}
         self._held: dict[str, list[Any]] = {}  # key -> prompts waiting for its leader
@@ -87,6 +134,7 @@ class AffinityQueue:
         self._waiters: dict[str, deque[asyncio.Future[None]]] = {}
         self.stolen = 0
         self.grouped = 0  # prompts sent to a server that had their prefix already
+        self.primed = 0  # groups whose shared prefix went first as a Primer
 
     def qsize(self) -> int:
         return self._size
@@ -170,7 +218,7 @@ class AffinityQueue:
             item = self._take(server)
             if item is not None:
                 self._size -= 1
-                return item
+                return self._primer_for(item, server) or item
             await self._idle(server)
 
     async def _idle(self, server: str) -> None:
@@ -186,6 +234,24 @@ class AffinityQueue:
             if not fut.done() or fut in waiting:  # timed out or cancelled: not popped
                 with contextlib.suppress(ValueError):
                     waiting.remove(fut)
+
+    def _primer_for(self, item: Any, server: str) -> Primer | None:
+        """For a leader bound to a server that needs one, a Primer that leads its group
+        instead: the leader goes back, first of the prompts that wait for the primer."""
+        key = self._leaders.get(id(item))
+        held = self._held.get(key or "")
+        if key is None or not held or not self._primes(server):
+            return None
+        row = shared_prefix_row(item.row, held[0].row)
+        if row is None:
+            return None
+        primer = Primer(row, key)
+        del self._leaders[id(item)]
+        self._leaders[id(primer)] = key
+        held.insert(0, item)
+        self._size += 1  # the leader waits again
+        self.primed += 1
+        return primer
 
     def _release_overdue(self) -> None:
         now = time.monotonic()

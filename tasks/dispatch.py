@@ -21,13 +21,13 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
 
 from infra.sglang.client import auth_headers, tls_context
-from tasks.affinity import AffinityQueue
+from tasks.affinity import AffinityQueue, Primer
 from tasks.requests import (
     DispatchOptions,
     MalformedAnswer,
@@ -63,6 +63,7 @@ class Endpoint:
     limit: int
     config: str  # server-config fingerprint recorded with each completion
     version: str | None = None  # the server's SGLang version, recorded with each completion
+    primes_prefixes: bool = False  # its cache cannot resume at branch points (no_buffer)
 
 
 @dataclass
@@ -126,7 +127,8 @@ class Dispatcher:
         self.drain_timeout_s = drain_timeout_s
         self.stats = DispatchStats()
         self._queue = AffinityQueue(opts.prefix_key_chars,
-                                    lambda: [e.name for e in self._live()])
+                                    lambda: [e.name for e in self._live()],
+                                    primes=self._primes_prefixes)
         self._shards: dict[int, _Shard] = {}
         self._dead: set[str] = set()
         self._connect_failures: dict[str, int] = {}
@@ -169,6 +171,9 @@ class Dispatcher:
         for ep, client in slots:
             gen = self._generation[ep.name]
             self._workers.append(asyncio.create_task(self._worker(ep, client, gen)))
+
+    def _primes_prefixes(self, name: str) -> bool:
+        return any(e.primes_prefixes for e in self.endpoints if e.name == name)
 
     def _live(self) -> list[Endpoint]:
         return [e for e in self.endpoints if e.name not in self._dead | self._retired]
@@ -263,6 +268,13 @@ class Dispatcher:
             if self.stop.is_set():
                 return
             item = await self._queue.get(ep.name)
+            if isinstance(item, Primer):
+                try:
+                    await self._prime(ep, client, item)
+                except FleetDown as exc:
+                    self._fatal = exc
+                    return
+                continue
             self._queued[item.shard] -= 1
             if self.stop.is_set() or not self._serves(ep, generation):
                 self._put(item)  # stopped, died or left while we waited: hand it on
@@ -317,6 +329,20 @@ class Dispatcher:
         self.stats.output_tokens += answer["completion_tokens"]
         if shard.done:
             await self._finish(item.shard)
+
+    async def _prime(self, ep: Endpoint, client: httpx.AsyncClient, primer: Primer) -> None:
+        """Send a group's shared prefix for one token, so the server caches it where the
+        group's prompts branch off. It is no prompt of the job: whatever the answer, the
+        group then goes on (a failed primer costs only the reuse)."""
+        path, body = build_request(primer.row, replace(self.opts, sampling={
+            "max_new_tokens": 1, "temperature": 0.0, "top_p": 1.0}))
+        try:
+            await self._post(ep, client, path, body)
+        except (_Permanent, _Transient) as exc:
+            log.info("%s: a prefix primer failed (%s); its group goes on without it",
+                     ep.name, exc)
+        finally:
+            self._queue.done(primer)
 
     def _put(self, item: _Item) -> None:
         self._queued[item.shard] = self._queued.get(item.shard, 0) + 1

@@ -34,6 +34,7 @@ class JobState:
     pending: list[int]
     committed_rows: int
     removed_strays: int
+    input_kind: str = "prompt"  # prompt | messages | input_ids (infra.prompts)
 
 
 def prepare_job(prompts: Path, output: Path, shard_size: int) -> JobState:
@@ -45,7 +46,7 @@ def prepare_job(prompts: Path, output: Path, shard_size: int) -> JobState:
     committed = ledger.committed()
     pending = [s for s in range(plan.num_shards) if s not in committed]
     rows = sum(e.rows + e.errors for e in committed.values())
-    return JobState(str(output), plan, pending, rows, len(removed))
+    return JobState(str(output), plan, pending, rows, len(removed), summary.kind)
 
 
 def iter_pending_shards(plan: ShardPlan, pending: list[int],
@@ -79,7 +80,9 @@ def endpoint_of(settings: JobSettings, cap: Capacity) -> Endpoint:
     return Endpoint(name=f"server-{cap.index}", url=cap.url,
                     limit=client_limit(cap, settings.client.concurrency_per_server,
                                        settings.client.queue_target), config=cap.config,
-                    version=cap.version)
+                    version=cap.version, primes_prefixes=(
+                        settings.server.mamba_strategy == "no_buffer"
+                        and not settings.server.disable_radix_cache))
 
 
 def generate_pending(settings: JobSettings, state: JobState, capacities: list[Capacity],

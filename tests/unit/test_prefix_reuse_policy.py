@@ -44,6 +44,19 @@ def test_a_prefix_heavy_job_is_not_moved_to_no_buffer_on_a_gain_it_would_lose() 
     assert "reuse lost" in light.reason
 
 
+def test_a_primed_job_keeps_its_reuse_on_no_buffer() -> None:
+    """With prefix affinity on and text prompts, each group's shared prefix goes first to a
+    no_buffer server (tasks/affinity.py), so the move loses nothing and is offered."""
+    assert branching_reuse("no_buffer", False, primed=True)
+    assert not branching_reuse("extra_buffer", True, primed=True)  # no cache at all
+    heavy = PrefixReuse(cached_share=0.9, prompt_per_output=40.0, primed=True)
+    p = propose(Diagnosis("mamba-bound", "", 500.0), EB, 32, FP8, RTX, V, tried=set(),
+                reuse=heavy)
+    assert p is not None and p.flags.mamba_strategy == "no_buffer"
+    assert "reuse lost" not in p.reason
+    assert PrefixReuse.measured(1000, 900, 25, primed=True) == heavy
+
+
 def test_one_cycle_lands_on_the_best_split_of_memory() -> None:
     """bench/tuning.py canary-4: a first move that only went part way left the job at 95 %
     of the sweep's best (the next step was under min_predicted_gain)."""

@@ -83,6 +83,17 @@ def test_summary_says_what_the_client_keeps_in_flight_when_it_is_set() -> None:
             "(client.concurrency_per_server)") in capped
 
 
+def test_summary_says_when_groups_were_primed() -> None:
+    base = {**summary(1.0), "prompt_tokens": 1000, "cached_tokens": 900,
+            "prefix_affinity_chars": 1024}
+    plain = summary_lines(base)
+    assert "prefix cache: 90.0% of 1,000 prompt tokens reused; prefix affinity on (first " \
+           "1,024 characters)" in plain
+    primed = summary_lines({**base, "final_server_flags": {"mamba_strategy": "no_buffer"}})
+    assert any(line.endswith("no_buffer: each group's shared prefix went first (a primer)")
+               for line in primed)
+
+
 def test_summary_says_how_a_canary_ended() -> None:
     from flows.summary import cycle_line
 
