@@ -14,8 +14,10 @@
 #                                      (job_tiny_canary.toml, N prompts)
 #   outputs N  carry [".real-sglang"]  n=2, stop, JSON schema per row, integer ids and an
 #                                      extra column through real SGLang with xgrammar
-#   affinity G carry [".real-sglang"]  G groups of 4 prompts sharing a long prefix, 3 servers:
-#                                      prefix affinity off, then on (job_tiny_affinity.toml)
+#   affinity G [--set K=V …]
+#              carry [".real-sglang"]  G groups of 4 prompts sharing a long prefix, 3 servers:
+#                                      prefix affinity off, then on (job_tiny_affinity.toml);
+#                                      AFF_MODES=on runs only the second
 #   limits [S] carry [".real-sglang"]  retraction under a small KV pool and prefix-cache reuse
 #                                      under each mamba strategy (probe_limits.py)
 # Results go to $OUT (at most 8 files come back): logs and tars of the output folders.
@@ -139,7 +141,7 @@ for g in range(int(sys.argv[1])):
         print(json.dumps({"id": 4 * g + k, "prompt": f"Document {g}: {doc}\n\nQuestion {k}: "
                           f"what does line {k} say about {rng.choice(words)}?"}))
 PY
-  for mode in off on; do
+  for mode in ${AFF_MODES:-off on}; do  # AFF_MODES=on: only the affinity run
     chars=1024; [ $mode = off ] && chars=0
     rm -rf /tmp/aff-$mode
     PYTHONPATH=$D:$ROOT timeout 280 python3 -m expansion.cli run --config bench/real_sglang/job_tiny_affinity.toml \
