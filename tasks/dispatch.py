@@ -32,6 +32,7 @@ from tasks.requests import (
     DispatchOptions,
     MalformedAnswer,
     build_request,
+    error_message,
     output_row,
     parse_response,
 )
@@ -363,7 +364,7 @@ class Dispatcher:
         if resp.status_code >= 500 or resp.status_code == 429:
             raise _Transient(f"{ep.name}: HTTP {resp.status_code}")
         if resp.status_code >= 400:
-            raise _Permanent(f"HTTP {resp.status_code}: {_error_message(resp)}")
+            raise _Permanent(f"HTTP {resp.status_code}: {error_message(resp)}")
         try:
             return parse_response(path, resp.json())
         except ValueError as exc:
@@ -386,16 +387,3 @@ class Dispatcher:
         await self.commit(shard_id, rows, errors)
         del self._shards[shard_id]
 
-
-def _error_message(resp: httpx.Response) -> str:
-    try:
-        body = resp.json()
-    except ValueError:
-        return resp.text[:300]
-    if isinstance(body, dict):
-        err = body.get("error")
-        if isinstance(err, dict) and "message" in err:
-            return str(err["message"])[:300]
-        if "message" in body:
-            return str(body["message"])[:300]
-    return str(body)[:300]

@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
+
 from infra.prompts import SAMPLING_COLUMNS
 
 
@@ -137,3 +139,18 @@ def output_row(row: dict[str, Any], opts: DispatchOptions, sample: int,
     return {**given, "sample_index": sample, **answer, "server": server, "config": config,
             "model": opts.model, "sglang_version": version,
             "sampling_params": sent_sampling(body), "latency_s": round(latency_s, 4)}
+
+
+def error_message(resp: httpx.Response) -> str:
+    """The server's own words for a refused request (SGLang and OpenAI error bodies)."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:300]
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])[:300]
+        if "message" in body:
+            return str(body["message"])[:300]
+    return str(body)[:300]
