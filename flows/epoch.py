@@ -125,6 +125,7 @@ def _serve(live: LiveConfig, state: JobState, ctx: JobContext, tuner: TunerState
     if not result.triggered and result.last_check:
         ctx.logger.info("epoch %d kept its config; last check: %s", epoch, result.last_check)
     ctx.totals.answers += stats.completed + stats.errors
+    ctx.totals.primers += stats.primers
     return result, hw
 
 

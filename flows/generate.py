@@ -121,7 +121,7 @@ def summarize(settings: JobSettings, state: JobState, totals: RunTotals,
                                                       exclude={"extra_args"}),
         prompt_tokens=totals.prompt_tokens, cached_tokens=totals.cached_tokens,
         prefix_affinity_chars=settings.client.prefix_affinity_chars,
-        client_concurrency=settings.client.concurrency_per_server)
+        client_concurrency=settings.client.concurrency_per_server, primers=totals.primers)
 
 
 @flow(name="generate", on_cancellation=[_stop_fleet_hook],  # type: ignore[list-item]

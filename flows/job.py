@@ -74,6 +74,7 @@ class RunTotals:
     # prefix affinity primes groups on no_buffer servers (text or token-id prompts, affinity
     # on: tasks/affinity.py), so a move there keeps the reuse
     primes_groups: bool = False
+    primers: int = 0  # primers sent (no_buffer servers)
     capacities: list[Capacity] = field(default_factory=list)
     caps_by_epoch: dict[int, dict[str, int]] = field(default_factory=dict)  # for the report
     cycles: list[Cycle] = field(default_factory=list)

@@ -46,6 +46,7 @@ class RunSummary(BaseModel):
     cached_tokens: int = 0  # of prompt_tokens, reused from the servers' prefix caches
     prefix_affinity_chars: int = 0
     client_concurrency: int | None = None  # client.concurrency_per_server, when set
+    primers: int = 0  # groups whose shared prefix went first to a no_buffer server
 
 
 def summary_lines(summary: RunSummary | dict[str, Any]) -> list[str]:
@@ -82,8 +83,8 @@ def prefix_line(s: RunSummary) -> str:
     share = s.cached_tokens / s.prompt_tokens
     how = (f"prefix affinity on (first {s.prefix_affinity_chars:,} characters)"
            if s.prefix_affinity_chars else "prefix affinity off")
-    if s.prefix_affinity_chars and s.final_server_flags.get("mamba_strategy") == "no_buffer":
-        how += "; no_buffer: each group's shared prefix went first (a primer)"
+    if s.primers:
+        how += f"; {s.primers:,} groups primed (their shared prefix sent first: no_buffer)"
     return (f"prefix cache: {share:.1%} of {s.prompt_tokens:,} prompt tokens reused; {how}")
 
 

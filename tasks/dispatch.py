@@ -104,6 +104,7 @@ class DispatchStats:
     errors: int = 0
     output_tokens: int = 0
     retries: int = 0
+    primers: int = 0  # groups whose shared prefix went first (tasks/affinity.py)
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -344,6 +345,7 @@ class Dispatcher:
                      ep.name, exc)
         finally:
             self._queue.done(primer)
+            self.stats.primers += 1
 
     def _put(self, item: _Item) -> None:
         self._queued[item.shard] = self._queued.get(item.shard, 0) + 1

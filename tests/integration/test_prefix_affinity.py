@@ -75,3 +75,4 @@ def test_no_buffer_servers_reuse_the_prefix_once_it_is_primed(sim_fleet) -> None
     assert cached_share(leader_only) < 0.1, cached_share(leader_only)
     assert cached_share(primed) > 0.8, cached_share(primed)
     assert dispatcher._queue.primed >= 55  # about one per group
+    assert dispatcher.stats.primers == dispatcher._queue.primed

@@ -89,9 +89,10 @@ def test_summary_says_when_groups_were_primed() -> None:
     plain = summary_lines(base)
     assert "prefix cache: 90.0% of 1,000 prompt tokens reused; prefix affinity on (first " \
            "1,024 characters)" in plain
-    primed = summary_lines({**base, "final_server_flags": {"mamba_strategy": "no_buffer"}})
-    assert any(line.endswith("no_buffer: each group's shared prefix went first (a primer)")
-               for line in primed)
+    assert not any("primed" in line for line in plain)
+    primed = summary_lines({**base, "primers": 1200})
+    assert any(line.endswith("; 1,200 groups primed (their shared prefix sent first: "
+                             "no_buffer)") for line in primed)
 
 
 def test_summary_says_how_a_canary_ended() -> None:
