@@ -23,6 +23,7 @@ from tasks.monitor import Sample
 Series = dict[str, list[tuple[float, float]]]
 
 
+FEW_SAMPLES = 12  # below this many points a series is drawn with dots
 # The trailing window of the token-rate panel, in monitor samples (30 s at the default 3 s).
 RATE_WINDOW_SAMPLES = 10
 
@@ -81,11 +82,11 @@ def plot_png(samples: list[Sample], caps: dict[int, dict[str, int]], time_scale:
     fig, (ax_tok, ax_run, ax_pool) = plt.subplots(3, 1, figsize=(10, 8), sharex=True,
                                                   constrained_layout=True)
     interval = _sample_interval(samples)
-    window = RATE_WINDOW_SAMPLES * interval
+    window = rate_window(interval, run_seconds)
     rates = token_rates(samples, time_scale, window)
     gap = 2.5 * interval
     for server, points in sorted(rates.items()):
-        ax_tok.plot(*_gapped(points, gap), lw=1, label=server)
+        ax_tok.plot(*_gapped(points, gap), lw=1, label=server, **_marks(points))
     if len(rates) > 1:
         ax_tok.plot(*_gapped(fleet_rate(rates, interval), gap), lw=2, color="black",
                     label="fleet")
@@ -128,6 +129,18 @@ def _gapped(points: list[tuple[float, float]], max_gap: float) -> tuple[list[flo
     return xs, ys
 
 
+def rate_window(interval: float, run_seconds: float) -> float:
+    """The token-rate panel's trailing window: RATE_WINDOW_SAMPLES samples, but at most a
+    tenth of the run, so that a short run (a first smoke test) still shows a rate."""
+    return min(RATE_WINDOW_SAMPLES * interval, max(interval, run_seconds / 10))
+
+
+def _marks(points: list[tuple[float, float]]) -> dict[str, Any]:
+    """Dots on a line of few samples: a run of a minute has two or three per server, and a
+    line between them alone is easy to miss (or, for one sample, not drawn at all)."""
+    return {"marker": "o", "ms": 3} if len(points) < FEW_SAMPLES else {}
+
+
 def _sample_interval(samples: list[Sample]) -> float:
     times = sorted({round(s.t, 1) for s in samples})
     gaps = sorted(b - a for a, b in itertools.pairwise(times) if b > a)
@@ -142,7 +155,8 @@ def _running_panel(ax: Any, samples: list[Sample], caps: dict[int, dict[str, int
             by_server[s.server].append((s.t, float(s.running)))
     for i, (server, points) in enumerate(sorted(by_server.items())):
         color = f"C{i % 10}"
-        ax.plot(*_gapped(points, gap), lw=1, color=color, label=f"{server} running")
+        ax.plot(*_gapped(points, gap), lw=1, color=color, label=f"{server} running",
+                **_marks(points))
         for epoch, span in _epoch_spans(samples).items():
             cap = caps.get(epoch, {}).get(server)
             if cap is not None:
@@ -163,10 +177,11 @@ def _pool_panel(ax: Any, samples: list[Sample], gap: float) -> None:
     for i, server in enumerate(sorted(set(kv) | set(mamba))):
         color = f"C{i % 10}"
         if kv.get(server):
-            ax.plot(*_gapped(kv[server], gap), lw=1, color=color, label=f"{server} KV")
+            ax.plot(*_gapped(kv[server], gap), lw=1, color=color, label=f"{server} KV",
+                    **_marks(kv[server]))
         if mamba.get(server):
             ax.plot(*_gapped(mamba[server], gap), lw=1, color=color, ls="--",
-                    label=f"{server} mamba")
+                    label=f"{server} mamba", **_marks(mamba[server]))
     ax.set_ylim(0, 105)
     ax.set_ylabel("pool usage (%)")
     ax.set_title("KV cache (solid) and mamba state pool (dashed) usage")

@@ -124,3 +124,17 @@ def test_report_table_says_how_each_cycle_ended() -> None:
                                  "measured_gain": 0.96}})
     assert row == ("| 1 | request-capped | 8,075 | 15,013 | canary on server-2 | rolled back, "
                    "0.96× measured | canary rolled_back — … |")
+
+
+def test_a_short_run_is_drawn_with_dots_and_a_window_it_can_fill() -> None:
+    """A one-minute smoke test has two or three samples per server: lines alone between
+    them were easy to miss, and a 30-s trailing rate window held the whole run."""
+    from flows.report import _marks, plot_png, rate_window
+
+    assert _marks([(1.0, 2.0)] * 3) == {"marker": "o", "ms": 3}
+    assert _marks([(float(t), 2.0) for t in range(100)]) == {}
+    samples = [sample(t, "server-0", 500.0 * t) for t in (60.0, 65.0, 70.0)]
+    png = plot_png(samples, {1: {"server-0": 120}}, 1.0, 77.0, "wall clock")
+    assert png.startswith(b"\x89PNG")
+    assert rate_window(3.0, 7200.0) == 30.0  # a long job: ten samples
+    assert rate_window(5.0, 77.0) == 7.7  # a minute's run: a tenth of it
