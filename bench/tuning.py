@@ -141,15 +141,9 @@ def main() -> None:
 
 def result_line(name: str, gpus: int, sc: dict, summary: dict, entries: list) -> dict:
     """The benchmark's JSON line from the run's summary and tuning ledger."""
-    cycles = summary["cycles"]
-    # The start is the fleet's rate before the first cycle: the first ledger entry of a
-    # canary cycle is its control group's, measured while the canary restarts — on a 2-core
-    # box that restart takes the control group's CPU (canary-4: 479 against 541 tok/s/GPU).
-    before = next((c["canary"]["fleet_tok_s_before"] for c in cycles
-                   if c.get("canary") and c["canary"].get("fleet_tok_s_before")), None)
-    start = before / gpus if before else entries[0].tok_s_per_gpu or 0.0
-    final = entries[-1].tok_s_per_gpu or 0.0
+    start, final = entries[0].tok_s_per_gpu or 0.0, entries[-1].tok_s_per_gpu or 0.0
     best_tok, best_flags = sweep(sc, 2048.0)
+    cycles = summary["cycles"]
     overheads = [c["cycle_seconds"] - c["startup_seconds"] for c in cycles
                  if "cycle_seconds" in c and "startup_seconds" in c]
     canaries = [c["canary"] for c in cycles if c.get("canary")]
@@ -166,7 +160,6 @@ def result_line(name: str, gpus: int, sc: dict, summary: dict, entries: list) ->
     return {
         "scenario": name, "gpus": gpus, "prompts": sc["prompts"],
         "start_tok_s": round(start, 1), "final_tok_s": round(final, 1),
-        "first_entry_tok_s": round(entries[0].tok_s_per_gpu or 0.0, 1),
         "gain": round(final / start, 2) if start else None,
         "best_sweep_tok_s": round(best_tok, 1),
         "ratio_to_best": round(final / best_tok, 3) if best_tok else None,
