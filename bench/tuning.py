@@ -105,10 +105,15 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=None,
                     help="job size (default: the scenario's); a restart has to pay for itself "
                          "over the work left, so a longer job lets smaller gains through")
+    ap.add_argument("--time-scale", type=float, default=None,
+                    help="sim.time_scale (default: the scenario's); lower = fewer requests per "
+                         "wall second, so a small box's CPUs bias the readings less")
     args = ap.parse_args()
     sc = dict(SCENARIOS[args.scenario])
     if args.prompts:
         sc["prompts"] = args.prompts
+    if args.time_scale:
+        sc["time_scale"] = args.time_scale
     gpus = args.gpus or sc.get("gpus", 2)
 
     from infra.prefect_env import configure_local_prefect

@@ -74,12 +74,12 @@ def shared_prefix_row(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | 
     after a full stop, say) can fall inside a token and the primer would match nothing."""
     ids_a, ids_b = a.get("input_ids"), b.get("input_ids")
     if ids_a is not None and ids_b is not None:
-        n = _common_length(list(ids_a), list(ids_b))
+        n = common_length(list(ids_a), list(ids_b))
         return {"input_ids": list(ids_a)[:n]} if 4 * n >= MIN_PRIMER_CHARS else None
     if a.get("messages") is not None or b.get("messages") is not None:
         return None
     text_a, text_b = str(a.get("prompt") or ""), str(b.get("prompt") or "")
-    cut = _common_length(text_a, text_b)
+    cut = common_length(text_a, text_b)
     if cut == len(text_a) or cut == len(text_b):
         return None  # one prompt is the other's prefix: the shorter one primes by itself
     while cut > 0 and not (text_a[cut] == " " and text_a[cut - 1].isalnum()):
@@ -87,7 +87,7 @@ def shared_prefix_row(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | 
     return {"prompt": text_a[:cut]} if cut >= MIN_PRIMER_CHARS else None
 
 
-def _common_length(a: Any, b: Any) -> int:
+def common_length(a: Any, b: Any) -> int:
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:
