@@ -85,15 +85,18 @@ def plot_png(samples: list[Sample], caps: dict[int, dict[str, int]], time_scale:
     window = rate_window(interval, run_seconds)
     rates = token_rates(samples, time_scale, window)
     gap = 2.5 * interval
+    top = 0.0
     for server, points in sorted(rates.items()):
         ax_tok.plot(*_gapped(points, gap), lw=1, label=server, **_marks(points))
+        top = max([top, *(v for _, v in points)])
     if len(rates) > 1:
-        ax_tok.plot(*_gapped(fleet_rate(rates, interval), gap), lw=2, color="black",
-                    label="fleet")
+        fleet = fleet_rate(rates, interval)
+        ax_tok.plot(*_gapped(fleet, gap), lw=2, color="black", label="fleet", **_marks(fleet))
+        top = max([top, *(v for _, v in fleet)])
     ax_tok.set_ylabel("output tok/s")
-    ax_tok.set_ylim(bottom=0)
-    ax_tok.set_title(f"output tokens per second, {clock}, over the last {window:.0f} s "
-                     "(each server's generation_tokens_total)")
+    ax_tok.set_ylim(0, 1.15 * top if top > 0 else None)  # the fleet line clear of the frame
+    ax_tok.set_title(f"output tok/s from generation_tokens_total ({clock}; "
+                     f"{window:.0f}-s window)")
     _running_panel(ax_run, samples, caps, gap)
     _pool_panel(ax_pool, samples, gap)
     end = max([run_seconds, *(s.t for s in samples)])
