@@ -72,10 +72,10 @@ def shared_prefix_row(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | 
     a letter or digit: BPE pre-tokenizers (and SentencePiece's ▁) start a token there, so the
     primer's tokens are the first tokens of both prompts; a cut elsewhere (before "\n\n"
     after a full stop, say) can fall inside a token and the primer would match nothing."""
-    ids_a, ids_b = a.get("input_ids"), b.get("input_ids")
-    if ids_a is not None and ids_b is not None:
-        n = common_length(list(ids_a), list(ids_b))
-        return {"input_ids": list(ids_a)[:n]} if 4 * n >= MIN_PRIMER_CHARS else None
+    if a.get("input_ids") is not None and b.get("input_ids") is not None:
+        ids_a = list(a["input_ids"])
+        n = common_length(ids_a, list(b["input_ids"]))
+        return {"input_ids": ids_a[:n]} if 4 * n >= MIN_PRIMER_CHARS else None
     if a.get("messages") is not None or b.get("messages") is not None:
         return None
     text_a, text_b = str(a.get("prompt") or ""), str(b.get("prompt") or "")
@@ -96,11 +96,11 @@ def common_length(a: Any, b: Any) -> int:
 
 
 class Primer:
-    """A one-token request carrying a group's shared prefix (not a prompt of the job)."""
+    """A one-token request carrying a group's shared prefix (not a prompt of the job); it
+    leads its group in `_leaders` as a leader prompt would."""
 
-    def __init__(self, row: dict[str, Any], key: str) -> None:
+    def __init__(self, row: dict[str, Any]) -> None:
         self.row = row
-        self.key = key
 
 
 def owner(key: str, servers: list[str]) -> str:
@@ -245,7 +245,7 @@ class AffinityQueue:
         row = shared_prefix_row(item.row, held[0].row)
         if row is None:
             return None
-        primer = Primer(row, key)
+        primer = Primer(row)
         del self._leaders[id(item)]
         self._leaders[id(primer)] = key
         held.insert(0, item)
