@@ -20,6 +20,11 @@
 #                                      AFF_MODES=on runs only the second
 #   limits [S] carry [".real-sglang"]  retraction under a small KV pool and prefix-cache reuse
 #                                      under each mamba strategy (probe_limits.py)
+#   long PLAN [NAME] [BUDGET_S]
+#              carry [".real-sglang"]  the servers and closed-loop workloads of a plan
+#                                      (bench/real_sglang/plans/*.json, probe_long.py): long
+#                                      mixed outputs, retraction, the cap's steady rate; needs
+#                                      no deps (httpx comes with SGLang's runtime)
 # Results go to $OUT (at most 8 files come back): logs and tars of the output folders.
 set -uo pipefail
 D=/tmp/expdeps; ROOT=$PWD; RT=/tmp/real-sglang-rt
@@ -166,5 +171,11 @@ limits)
   PYTHONPATH=$D:$ROOT timeout 590 python3 bench/real_sglang/probe_limits.py --out $OUT \
     --budget-s "${2:-540}" "${@:3}" 2>&1 | tee $OUT/limits.log
   ;;
-*) echo "usage: device.sh deps|warm|e2e ROWS|fleet|canary ROWS|outputs ROWS|limits [BUDGET_S]"; exit 2;;
+long)
+  cp -r bench/real_sglang/models/. .real-sglang/models/  # configs of shapes SGLang's copy lacks
+  timeout 595 bash /tmp/run-sglang.sh python3 bench/real_sglang/probe_long.py --plan "$2" \
+    --out $OUT --name "${3:-long}" --budget-s "${4:-560}" 2>&1 | tee $OUT/${3:-long}.log
+  nvidia-smi > $OUT/nvidia-smi-${3:-long}.txt 2>&1
+  ;;
+*) echo "usage: device.sh deps|warm|e2e ROWS|fleet|canary ROWS|outputs ROWS|limits [BUDGET_S]|long PLAN [NAME] [BUDGET_S]"; exit 2;;
 esac

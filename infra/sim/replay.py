@@ -65,3 +65,62 @@ def replay(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags, version: SG
     return ReplayResult(cap=plan.max_running_requests, tok_s=tokens / total_s,
                         busy_tok_s=busy_tokens / busy_s if busy_s > 0 else 0.0,
                         seconds=total_s)
+
+
+@dataclass(frozen=True)
+class ClosedLoopResult:
+    """What a closed loop over a request list got from the simulated server."""
+
+    cap: int
+    max_total_num_tokens: int
+    answered: int
+    committed_tokens: int  # output tokens of the answered requests
+    seconds: float  # modeled: the first send to the last answer (or the deadline)
+    retracted: int
+
+    @property
+    def committed_tok_s(self) -> float:
+        return self.committed_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+async def _closed_loop(engine: SimEngine, reqs: list[tuple[int, int]], concurrency: int,
+                       max_s: float) -> tuple[int, int, float]:
+    loop = asyncio.create_task(engine.run())
+    pending = list(reversed(reqs))
+    answered = tokens = 0
+    last = 0.0
+
+    async def worker() -> None:
+        nonlocal answered, tokens, last
+        while pending and engine._modeled_clock < max_s:
+            prompt, out = pending.pop()
+            await engine.submit(prompt, out)
+            if engine._modeled_clock <= max_s:
+                answered += 1
+                tokens += out
+                last = engine._modeled_clock
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    finally:
+        loop.cancel()
+    seconds = last if not pending and last < max_s else max_s
+    return answered, tokens, seconds
+
+
+def replay_requests(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
+                    version: SGLangVersion, reqs: list[tuple[int, int]], concurrency: int,
+                    max_s: float = float("inf")) -> ClosedLoopResult:
+    """A closed loop of `concurrency` clients over (prompt tokens, output tokens) rows, as
+    bench/real_sglang/probe_long.py drives real SGLang: every row's output runs to its
+    length (ignore_eos), a row answered after `max_s` modeled seconds does not count."""
+    plan = plan_memory(model, gpu, flags, version)
+    roofline = build_roofline(model, gpu, flags, plan)
+    prefix_state = version.locks_prefix_state and not flags.disable_radix_cache
+    engine = SimEngine(plan, roofline, REPLAY_TIME_SCALE, lambda _line: None,
+                       prefix_state=prefix_state, max_chunk_steps=1)
+    answered, tokens, seconds = asyncio.run(_closed_loop(engine, reqs, concurrency, max_s))
+    return ClosedLoopResult(cap=plan.max_running_requests,
+                            max_total_num_tokens=plan.max_total_num_tokens, answered=answered,
+                            committed_tokens=tokens, seconds=seconds,
+                            retracted=engine.stats.retracted_total)
