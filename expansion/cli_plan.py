@@ -36,6 +36,14 @@ def plan(
     = 8,
     tok_s_per_gpu: Annotated[float | None, typer.Option(
         help="Measured tok/s per GPU, for --job (default: the model's prediction).")] = None,
+    prompt_tokens: Annotated[int | None, typer.Option(
+        "--prompt-tokens", min=1, help="Prompt length of the job's rows: with --output-tokens, "
+        "predict committed tok/s (prefill, waves and retractions included).")] = None,
+    output_tokens: Annotated[int | None, typer.Option(
+        "--output-tokens", min=1, help="Mean output length of the job's rows.")] = None,
+    output_p99: Annotated[int | None, typer.Option(
+        "--output-p99", min=2, help="99th percentile of output lengths (lognormal); "
+        "default: every output --output-tokens long.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Predict SGLang's pools and caps for a model × GPU × flags, and the alternatives.
@@ -55,6 +63,7 @@ def plan(
         prof = model_profile(model, weights_gib)
         card = gpu_profile(gpu)
         version = parse_version(sglang_version)
+        workload = _workload(prompt_tokens, output_tokens, output_p99)
     except ValidationError as exc:
         first = exc.errors()[0]
         fail(f"--{str(first['loc'][0]).replace('_', '-') if first['loc'] else 'flags'}: "
@@ -63,7 +72,7 @@ def plan(
     except ValueError as exc:
         fail(str(exc))
         return
-    rows = alternatives(prof, card, flags, version, avg_context)
+    rows = alternatives(prof, card, flags, version, avg_context, workload)
     current = rows[0]
     estimate = None
     if job is not None:
@@ -85,6 +94,19 @@ def plan(
             f"job: {job:,} prompts × {avg_output_tokens:,.0f} tokens on {num_gpus} GPUs at "
             f"{estimate['tok_s_per_gpu']:,.0f} tok/s per GPU → {estimate['wall_hours']:,.1f} h "
             f"wall, {estimate['gpu_hours']:,.0f} GPU-hours")
+
+
+def _workload(prompt: int | None, output: int | None, p99: int | None) -> Any:
+    """The workload to predict committed tok/s for, or None (decode rate only)."""
+    from infra.sim.predict import Workload
+
+    if prompt is None and output is None:
+        if p99 is not None:
+            raise ValueError("--output-p99 needs --prompt-tokens and --output-tokens")
+        return None
+    if prompt is None or output is None:
+        raise ValueError("--prompt-tokens and --output-tokens go together: give both")
+    return Workload(prompt, output, p99)
 
 
 def _print_plan(p: Any) -> None:
@@ -232,6 +254,7 @@ def _print_plan_json(model: str, gpu: str, version: str, rows: list[Any],
     else:
         payload.update(current.plan.to_dict())
         payload["tok_s_per_gpu"] = round(current.tok_s_per_gpu or 0.0, 1)
+        payload["committed_tok_s_per_gpu"] = _rounded(current.committed_tok_s_per_gpu)
     if estimate is not None:
         payload["job"] = estimate
     payload["alternatives"] = [
@@ -240,23 +263,30 @@ def _print_plan_json(model: str, gpu: str, version: str, rows: list[Any],
          "max_running_requests": r.plan.max_running_requests if r.plan else None,
          "max_total_num_tokens": r.plan.max_total_num_tokens if r.plan else None,
          "binding_limit": r.plan.binding_limit if r.plan else None,
-         "tok_s_per_gpu": round(r.tok_s_per_gpu, 1) if r.tok_s_per_gpu else None}
+         "tok_s_per_gpu": round(r.tok_s_per_gpu, 1) if r.tok_s_per_gpu else None,
+         "committed_tok_s_per_gpu": _rounded(r.committed_tok_s_per_gpu)}
         for r in rows[1:]]
     print(json.dumps(payload))
     if current.plan is None:
         raise typer.Exit(1)
 
 
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
 def _print_alternatives(rows: list[Any]) -> None:
+    committed = rows[0].committed_tok_s_per_gpu is not None
     table = Table(show_edge=False, title="alternatives (one lever each)")
     for col in ("change", "strategy", "mamba slots", "max_running_requests", "KV tokens",
-                "binds", "tok/s/GPU"):
+                "binds", "decode tok/s/GPU", *(["committed tok/s/GPU"] if committed else [])):
         table.add_column(col, overflow="fold")
     for r in rows:
         if r.plan is None:
             table.add_row(r.label, "-", "-", "-", "-", "refused", (r.error or "")[:60])
             continue
+        extra = [f"{r.committed_tok_s_per_gpu:,.0f}"] if committed else []
         table.add_row(r.label, r.plan.mamba_strategy, str(r.plan.mamba_slots or "-"),
                       str(r.plan.max_running_requests), str(r.plan.max_total_num_tokens),
-                      r.plan.binding_limit, f"{r.tok_s_per_gpu:,.0f}")
+                      r.plan.binding_limit, f"{r.tok_s_per_gpu:,.0f}", *extra)
     console.print(table)

@@ -14,6 +14,7 @@ from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
 from infra.sglang.profiles import GpuProfile, ModelProfile
 from infra.sglang.roofline import build_roofline
 from infra.sglang.versions import SGLangVersion
+from infra.sim.predict import Workload, committed_tok_s
 
 MAX_MEM_FRACTION = 0.95  # above this, activations and CUDA graphs risk OOM at runtime
 
@@ -23,8 +24,9 @@ class Alternative:
     label: str
     flags: ServerFlags
     plan: MemoryPlan | None
-    tok_s_per_gpu: float | None
+    tok_s_per_gpu: float | None  # decode only: the roofline at the cap
     error: str | None = None
+    committed_tok_s_per_gpu: float | None = None  # for a workload: what the job gets
 
 
 def predict_tok_s(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags, plan: MemoryPlan,
@@ -36,12 +38,16 @@ def predict_tok_s(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags, plan
 
 
 def evaluate(label: str, model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
-             version: SGLangVersion, avg_context: float) -> Alternative:
+             version: SGLangVersion, avg_context: float,
+             workload: Workload | None = None) -> Alternative:
     try:
         plan = plan_memory(model, gpu, flags, version)
     except PoolsDoNotFit as exc:
         return Alternative(label, flags, None, None, str(exc))
-    return Alternative(label, flags, plan, predict_tok_s(model, gpu, flags, plan, avg_context))
+    committed = (committed_tok_s(model, gpu, flags, version, workload) / flags.tp_size
+                 if workload is not None else None)
+    return Alternative(label, flags, plan, predict_tok_s(model, gpu, flags, plan, avg_context),
+                       committed_tok_s_per_gpu=committed)
 
 
 def candidate_flags(model: ModelProfile, flags: ServerFlags, current: MemoryPlan | None,
@@ -90,10 +96,11 @@ def candidate_flags(model: ModelProfile, flags: ServerFlags, current: MemoryPlan
 
 
 def alternatives(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
-                 version: SGLangVersion, avg_context: float = 2048.0) -> list[Alternative]:
+                 version: SGLangVersion, avg_context: float = 2048.0,
+                 workload: Workload | None = None) -> list[Alternative]:
     """The current flags first, then every candidate move, evaluated the same way."""
-    current = evaluate("current", model, gpu, flags, version, avg_context)
+    current = evaluate("current", model, gpu, flags, version, avg_context, workload)
     rows = [current]
     for label, candidate in candidate_flags(model, flags, current.plan):
-        rows.append(evaluate(label, model, gpu, candidate, version, avg_context))
+        rows.append(evaluate(label, model, gpu, candidate, version, avg_context, workload))
     return rows

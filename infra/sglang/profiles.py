@@ -53,6 +53,14 @@ class ModelProfile:
     def num_full_layers(self) -> int:
         return self.num_layers - self.num_linear_layers
 
+    @property
+    def family(self) -> str:
+        """The kernels its linear layers run, which set their speed: `gdn` (Qwen3-Next,
+        Qwen3.5/3.6: gated delta net), `mamba2` (NemotronH), or `dense`."""
+        if not self.hybrid:
+            return "dense"
+        return "mamba2" if self.architecture.startswith("NemotronH") else "gdn"
+
 
 @dataclass(frozen=True)
 class GpuProfile:

@@ -2,7 +2,8 @@
 
 Used by the simulator to pace its steps and by the planner to predict throughput, so the
 "analytic maximum" a benchmark compares against is the simulator's own. The constants come
-per GPU from `data/step_calibration.json`, written by `bench/real_sglang/fit.py` from real
+per GPU (and, where measured, per architecture family: `H200/mamba2`) from
+`data/step_calibration.json`, written by `bench/real_sglang/fit.py` from real
 SGLang runs (the H200); a GPU without a measurement keeps the fit to the seeds' two runs
 (RTX PRO 6000), which is a fit, not a law. docs/SIMULATOR.md gives both and their residuals.
 """
@@ -52,8 +53,13 @@ def measured_calibrations() -> dict[str, StepCalibration]:
             for gpu, values in raw.items()}
 
 
-def calibration_for(gpu: GpuProfile) -> StepCalibration:
-    return measured_calibrations().get(gpu.name, DEFAULT_CALIBRATION)
+def calibration_for(gpu: GpuProfile, model: ModelProfile | None = None) -> StepCalibration:
+    """The constants measured for this family on this GPU (`H200/mamba2`), else the GPU's
+    own (fitted on the Qwen3.6-27B shapes, a GDN hybrid), else the seeds' fit."""
+    table = measured_calibrations()
+    if model is not None and f"{gpu.name}/{model.family}" in table:
+        return table[f"{gpu.name}/{model.family}"]
+    return table.get(gpu.name, DEFAULT_CALIBRATION)
 
 # Speculative verify + draft cost relative to a plain decode step, per draft token.
 SPEC_COST_PER_DRAFT_TOKEN = 0.12
@@ -98,7 +104,7 @@ class Roofline:
 def build_roofline(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
                    plan: MemoryPlan, accept_len: float | None = None,
                    calibration: StepCalibration | None = None) -> Roofline:
-    cal = calibration or calibration_for(gpu)
+    cal = calibration or calibration_for(gpu, model)
     conv, ssm = per_slot_bytes(model, flags)
     state = 2.0 * (conv + ssm)
     if plan.mamba_strategy == "extra_buffer" or plan.mamba_strategy == "extra_buffer_lazy":

@@ -77,6 +77,7 @@ class ClosedLoopResult:
     committed_tokens: int  # output tokens of the answered requests
     seconds: float  # modeled: the first send to the last answer (or the deadline)
     retracted: int
+    steady_tok_s: float  # answered between the first full round and the last send
 
     @property
     def committed_tok_s(self) -> float:
@@ -84,28 +85,38 @@ class ClosedLoopResult:
 
 
 async def _closed_loop(engine: SimEngine, reqs: list[tuple[int, int]], concurrency: int,
-                       max_s: float) -> tuple[int, int, float]:
+                       max_s: float) -> tuple[list[tuple[float, int]], float]:
+    """(modeled answer time, output tokens) of each answer in time, and the last send."""
     loop = asyncio.create_task(engine.run())
     pending = list(reversed(reqs))
-    answered = tokens = 0
-    last = 0.0
+    answers: list[tuple[float, int]] = []
+    last_send = 0.0
 
     async def worker() -> None:
-        nonlocal answered, tokens, last
+        nonlocal last_send
         while pending and engine._modeled_clock < max_s:
             prompt, out = pending.pop()
+            last_send = engine._modeled_clock
             await engine.submit(prompt, out)
             if engine._modeled_clock <= max_s:
-                answered += 1
-                tokens += out
-                last = engine._modeled_clock
+                answers.append((engine._modeled_clock, out))
 
     try:
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     finally:
         loop.cancel()
-    seconds = last if not pending and last < max_s else max_s
-    return answered, tokens, seconds
+    return answers, last_send
+
+
+def _steady_rate(answers: list[tuple[float, int]], concurrency: int, last_send: float) -> float:
+    """Tokens per second answered while every client had a request out: from the answer
+    that ends the first round to the last send (0 when the list is too short for one)."""
+    if len(answers) <= concurrency:
+        return 0.0
+    start = answers[concurrency - 1][0]
+    window = last_send - start
+    tokens = sum(out for t, out in answers[concurrency:] if t <= last_send)
+    return tokens / window if window > 0 else 0.0
 
 
 def replay_requests(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
@@ -119,8 +130,11 @@ def replay_requests(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
     prefix_state = version.locks_prefix_state and not flags.disable_radix_cache
     engine = SimEngine(plan, roofline, REPLAY_TIME_SCALE, lambda _line: None,
                        prefix_state=prefix_state, max_chunk_steps=1)
-    answered, tokens, seconds = asyncio.run(_closed_loop(engine, reqs, concurrency, max_s))
+    answers, last_send = asyncio.run(_closed_loop(engine, reqs, concurrency, max_s))
+    done_all = len(answers) == len(reqs)
     return ClosedLoopResult(cap=plan.max_running_requests,
-                            max_total_num_tokens=plan.max_total_num_tokens, answered=answered,
-                            committed_tokens=tokens, seconds=seconds,
-                            retracted=engine.stats.retracted_total)
+                            max_total_num_tokens=plan.max_total_num_tokens,
+                            answered=len(answers), committed_tokens=sum(o for _, o in answers),
+                            seconds=answers[-1][0] if done_all and answers else max_s,
+                            retracted=engine.stats.retracted_total,
+                            steady_tok_s=_steady_rate(answers, concurrency, last_send))

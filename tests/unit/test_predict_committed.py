@@ -1,0 +1,134 @@
+"""The memory model, the simulator's replay and the committed-tok/s prediction against real
+SGLang 0.5.17 on the H200: long mixed outputs that retract, and the cap's rate at 1,024 + 256
+tokens on two families (bench/real_sglang/data/2026-12-02-h200-s8/, from probe_long.py)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.sglang.flag_parser import parse_server_flags
+from infra.sglang.flags import ServerFlags
+from infra.sglang.memory import plan_memory
+from infra.sglang.profiles import ModelProfile, gpu_profile, model_profile
+from infra.sglang.versions import parse_version
+from infra.sim.predict import Workload, committed_tok_s
+from infra.sim.replay import replay_requests
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "bench" / "real_sglang" / "data" / "2026-12-02-h200-s8"
+H200 = gpu_profile("h200")
+V0517 = parse_version("0.5.17")
+MODELS = {  # the device's model folder → the same shapes here, weights as the log gives them
+    "qwen3.6-27b-text": (ROOT / "tests" / "fixtures" / "models" / "qwen3.6-27b-text", 50.16),
+    "nemotron-3-nano-4b": (ROOT / "bench" / "real_sglang" / "models" / "nemotron-3-nano-4b",
+                           7.47),
+}
+LAUNCH_ONLY = {"--skip-tokenizer-init"}  # flags that do not change pools or speed
+
+
+@cache
+def servers() -> dict[str, dict[str, Any]]:
+    """Every server the device ran this session, by name, with its runs."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in ("long27b", "cal27b", "calnh4b"):
+        for server in json.loads(gzip.decompress((DATA / f"{name}.results.json.gz").read_bytes())):
+            if "runs" in server:
+                out[server["name"]] = server
+    return out
+
+
+def setup(name: str) -> tuple[ModelProfile, ServerFlags, dict[str, Any]]:
+    server = servers()[name]
+    folder, weights = MODELS[server["model"]]
+    argv = [f for f in server["flags"] if f not in LAUNCH_ONLY]
+    if "--attention-backend" in argv:  # a kernel choice, not a pool or a speed the model has
+        at = argv.index("--attention-backend")
+        del argv[at:at + 2]
+    return model_profile(str(folder), weights), parse_server_flags(argv), server
+
+
+GDN_FIXED = ["q27b_nb", "q27b_eb", "q27b_nb_r06", "q27b_nb_mrr32"]
+ALL = ["q27b_nb450_kv100k", *GDN_FIXED, "nh4b_nb", "nh4b_nb_r03"]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_the_memory_model_gives_the_real_pools(name: str) -> None:
+    model, flags, server = setup(name)
+    plan = plan_memory(model, H200, flags, V0517)
+    assert plan.max_running_requests == server["max_running_requests"]
+    assert abs(plan.mamba_slots - server["max_mamba_cache_size"]) <= 1
+    assert plan.max_total_num_tokens == pytest.approx(server["max_total_num_tokens"], rel=0.01)
+
+
+def test_the_long_mixed_run_retracted_and_the_replay_commits_what_it_committed() -> None:
+    """300 rows, outputs lognormal up to 8,192 tokens, a 100k-token KV pool at cap 150:
+    real SGLang committed 1,485.5 tok/s in 257.6 s and retracted 5 requests."""
+    model, flags, server = setup("q27b_nb450_kv100k")
+    run = server["runs"][0]
+    rows = [(p, o) for p, o in run["requests_list"]]
+    assert max(o for _, o in rows) >= 8192 and run["answered"] == len(rows) == 300
+    assert run["errors"] == 0 and run["retracted"] > 0
+    sim = replay_requests(model, H200, flags, V0517, rows, run["concurrency"])
+    assert sim.answered == len(rows)
+    assert sim.committed_tok_s == pytest.approx(run["committed_tok_s"], rel=0.15)
+    # Five retractions are too few to hold a count to 15 % (the simulator: 7–9); the
+    # simulator must retract here too, and no more than twice as often.
+    assert run["retracted"] <= sim.retracted <= 2 * run["retracted"]
+
+
+@pytest.mark.parametrize("name", [*GDN_FIXED, "nh4b_nb_r03"])
+def test_the_replay_of_the_same_rows_commits_within_15_percent(name: str) -> None:
+    model, flags, server = setup(name)
+    run = server["runs"][0]
+    sim = replay_requests(model, H200, flags, V0517, [tuple(r) for r in run["requests_list"]],
+                          run["concurrency"])
+    assert sim.committed_tok_s == pytest.approx(run["committed_tok_s"], rel=0.15)
+
+
+def predicted(name: str) -> float:
+    model, flags, _ = setup(name)
+    return committed_tok_s(model, H200, flags, V0517, Workload(1024, 256))
+
+
+def real(name: str) -> float:
+    return float(servers()[name]["runs"][0]["committed_tok_s"])
+
+
+PREDICTED_WITHIN_15 = [*GDN_FIXED, "nh4b_nb_r03", pytest.param("nh4b_nb", marks=pytest.mark.xfail(
+    strict=True, reason="at cap 237 the real run idled 3–5 s after each wave of answers, "
+    "with /metrics unanswered: the HTTP side (client or SGLang's front), which the simulator "
+    "does not model; the prediction is 39 % above it (docs/REAL_SGLANG.md, session 8)"))]
+
+
+@pytest.mark.parametrize("name", PREDICTED_WITHIN_15)
+def test_plan_predicts_committed_tok_s_at_1024_plus_256_within_15_percent(name: str) -> None:
+    assert predicted(name) == pytest.approx(real(name), rel=0.15)
+
+
+@pytest.mark.parametrize("start,move", [("q27b_eb", "q27b_nb"), ("q27b_nb", "q27b_nb_mrr32"),
+                                        ("q27b_nb", "q27b_nb_r06"), ("q27b_eb", "q27b_nb_r06")])
+def test_each_measured_move_is_predicted_within_10_percent(start: str, move: str) -> None:
+    """The tuner acts on ratios: extra_buffer → no_buffer was 1.19× real (the decode-only
+    roofline said 1.26×, the committed prediction says 1.11×)."""
+    measured = real(move) / real(start)
+    assert predicted(move) / predicted(start) == pytest.approx(measured, rel=0.10)
+
+
+def test_lognormal_workloads_keep_their_mean_and_p99() -> None:
+    lengths = sorted(Workload(1024, 2000, 16000).output_lengths(4000))
+    assert sum(lengths) / len(lengths) == pytest.approx(2000, rel=0.05)
+    assert lengths[int(0.99 * len(lengths))] == pytest.approx(16000, rel=0.05)
+    assert Workload(8, 100).output_lengths(3) == [100, 100, 100]
+
+
+def test_a_workload_is_refused_with_its_field_named() -> None:
+    with pytest.raises(ValueError, match="p99"):
+        Workload(1024, 2000, 1500)
+    with pytest.raises(ValueError, match="at least 1"):
+        Workload(0, 256)
