@@ -1,4 +1,5 @@
-"""Shared fixtures: free ports per xdist worker, simulated fleets, a Prefect test API."""
+"""Shared fixtures: free ports per xdist worker, simulated fleets, the run's Prefect API; the
+run's end checks that no process the tests started is still alive (tests/session.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from infra.processes import port_is_free
 from infra.settings import JobSettings, load_settings
 from tasks.health import wait_until_healthy
 from tasks.servers import ServerHandle, build_launch_specs, launch_fleet, registry_for, stop_fleet
+from tests import session as run_session
 
 # Data the tests read, kept in the repository: a plain clone has nothing beside it.
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -73,21 +75,52 @@ def sim_fleet(tmp_path: Path) -> Iterator[Callable[..., list[ServerHandle]]]:
         stop_fleet(handles, registry_for(out), 5.0)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
+        run_session.mark_run()
+
+
+@pytest.hookimpl(trylast=True)  # after xdist has torn its workers down
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workerinput"):
+        return
+    import time
+
+    run_session.stop_shared_prefect()
+    deadline = time.monotonic() + 45  # workers' fixture teardowns (a Prefect worker: ≤ 20 s)
+    left = run_session.leftover_processes()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = run_session.leftover_processes()
+    if left:
+        run_session.kill_leftovers(left)
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = "\n".join(f"  {line}" for line in left)
+        if reporter is not None:
+            reporter.write_line(f"processes the tests started are still alive (killed):\n{lines}",
+                                red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @pytest.fixture(scope="session")
-def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """A private Prefect API for flow tests (or the one CI exported in PREFECT_API_URL)."""
+def prefect_env() -> dict[str, str]:
+    """The run's one Prefect server (tests/session.py), exported to this worker's
+    environment so that every CLI subprocess a test starts talks to it too."""
     from infra.prefect_env import configure_local_prefect
 
     configure_local_prefect()
-    if os.environ.get("PREFECT_API_URL"):
-        yield
-        return
-    from prefect.settings import PREFECT_HOME, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
+    env = run_session.shared_prefect_env(free_port_block(1))
+    os.environ.update(env)
+    return env
 
-    home = tmp_path_factory.mktemp("prefect-home")
-    with temporary_settings({PREFECT_HOME: str(home)}), prefect_test_harness(
-            server_startup_timeout=300):
+
+@pytest.fixture(scope="session")
+def prefect_api(prefect_env: dict[str, str]) -> Iterator[None]:
+    """In-process flows run against the run's Prefect server."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: prefect_env["PREFECT_API_URL"],
+                             PREFECT_HOME: prefect_env["PREFECT_HOME"]}):
         yield
 
 
@@ -197,7 +230,6 @@ def running_prefect_server(home: Path) -> Iterator[dict[str, str]]:
 
 
 @pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """One real Prefect server shared by the tests of the `prefect_server` xdist group."""
-    with running_prefect_server(tmp_path_factory.mktemp("prefect-server-home")) as env:
-        yield env
+def prefect_server(prefect_env: dict[str, str]) -> dict[str, str]:
+    """The run's Prefect server, for tests that drive it from subprocesses (workers, deploy)."""
+    return prefect_env

@@ -45,11 +45,12 @@ def remote_manifest(s3: object, bucket: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_resume_from_the_bucket_alone(s3_endpoint: str, bucket: str, tmp_path: Path) -> None:
+def test_resume_from_the_bucket_alone(prefect_env: dict[str, str], s3_endpoint: str, bucket: str,
+                                      tmp_path: Path) -> None:
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"id": i, "prompt": f"resume {i}"}) + "\n"
                            for i in range(PROMPTS)))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env = {**os.environ, **prefect_env}
     env["EXPANSION_STORAGE__ENDPOINT_URL"] = s3_endpoint
     s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
     out, target = tmp_path / "node-a", f"s3://{bucket}/job"

@@ -1,6 +1,8 @@
 """The bad-input matrix at the CLI: one clear line naming what is wrong, exit ≠ 0, and no
-output folder left behind. (More cases at function level: test_prompts, test_settings,
-test_launch, test_faults, test_observe.)"""
+output folder left behind. The matrix runs the Typer app in-process (CliRunner: a second each
+less than a Python start); two cases go through the real entry point as subprocesses, so
+`python -m expansion.cli` itself stays proven. (More cases at function level: test_prompts,
+test_settings, test_launch, test_faults, test_observe.)"""
 
 from __future__ import annotations
 
@@ -47,23 +49,46 @@ CASES: list[tuple[str, str | bytes | None, list[str], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("name", "content", "extra", "needle"), CASES,
-                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
-def test_bad_input_is_one_clear_line_and_leaves_nothing(tmp_path: Path, name: str,
-                                                        content: str | bytes | None,
-                                                        extra: list[str], needle: str) -> None:
+def write_input(tmp_path: Path, name: str, content: str | bytes | None) -> Path:
     prompts = tmp_path / name
     if isinstance(content, bytes):
         prompts.write_bytes(content)
     elif content is not None:
         prompts.write_text(content)
-    out = tmp_path / "out"
-    args = [sys.executable, "-m", "expansion.cli", "run", "--prompts", str(prompts),
-            "--output", str(out), *extra]
-    proc = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert proc.returncode != 0
-    message = proc.stderr.strip()
+    return prompts
+
+
+def assert_one_clear_line(code: int, stderr: str, needle: str, out: Path) -> None:
+    assert code != 0
+    message = stderr.strip()
     assert needle in message, message
     assert "Traceback" not in message
     assert message.startswith("error:") and len(message.splitlines()) <= 3  # wrapped, one error
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("name", "content", "extra", "needle"), CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_bad_input_is_one_clear_line_and_leaves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str,
+        content: str | bytes | None, extra: list[str], needle: str) -> None:
+    from typer.testing import CliRunner
+
+    from expansion.cli import app
+
+    prompts, out = write_input(tmp_path, name, content), tmp_path / "out"
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["run", "--prompts", str(prompts), "--output", str(out),
+                                      *extra])
+    assert_one_clear_line(result.exit_code, result.stderr, needle, out)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[7]], ids=["missing-file", "bad-setting"])
+def test_the_entry_point_gives_the_same_line(
+        tmp_path: Path, case: tuple[str, str | bytes | None, list[str], str]) -> None:
+    name, content, extra, needle = case
+    prompts, out = write_input(tmp_path, name, content), tmp_path / "out"
+    args = [sys.executable, "-m", "expansion.cli", "run", "--prompts", str(prompts),
+            "--output", str(out), *extra]
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert_one_clear_line(proc.returncode, proc.stderr, needle, out)
