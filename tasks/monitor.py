@@ -35,13 +35,16 @@ class Sample:
     # sustain thrashes) and the prefix cache's hit rate; None from older series.
     retracted: float | None = None
     cache_hit_rate: float | None = None
+    # Requests finished so far (`sglang:num_requests_total`): how many turned over in a
+    # window, which tells a rate from a wave (tasks/tuning/judge.py).
+    requests_total: float | None = None
 
 
-def _generation_tokens(text: str) -> float | None:
+def _counter(text: str, name: str) -> float | None:
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name == "sglang:generation_tokens_total":
+                if sample.name == name:
                     return float(sample.value)
     except (ValueError, TypeError, IndexError, KeyError):
         return None
@@ -58,8 +61,9 @@ def sample_server(name: str, url: str, api_key: str | None, t: float, epoch: int
     if kv is None:
         kv = rec.get("token_usage")
     return Sample(t, epoch, name, True, rec.get("running_req"), rec.get("queue_req"), kv,
-                  rec.get("mamba_usage"), rec.get("gen_throughput"), _generation_tokens(text),
-                  rec.get("retracted_req"), rec.get("cache_hit_rate"))
+                  rec.get("mamba_usage"), rec.get("gen_throughput"),
+                  _counter(text, "sglang:generation_tokens_total"), rec.get("retracted_req"),
+                  rec.get("cache_hit_rate"), _counter(text, "sglang:num_requests_total"))
 
 
 class FleetMonitor:

@@ -24,8 +24,12 @@ from tasks.health import ServerStartFailed, StartAborted
 from tasks.monitor import FleetMonitor, Sample
 from tasks.rolling import RollingFleet
 from tasks.tuning.diagnosis import window_stats
+from tasks.tuning.judge import Verdict, judge
 
-JUDGE_WINDOWS = 3.0  # windows from a canary's start to its verdict (the first is warm-up)
+# Windows from a canary's start: one of warm-up, at least two judged, and at most this many
+# before the judge must decide (tasks/tuning/judge.py: turnover and noise, else keep).
+MIN_JUDGE_WINDOWS = 3.0
+MAX_JUDGE_WINDOWS = 20.0
 
 Outcome = Literal["rolled_out", "rolled_back", "start_failed", "aborted", "no_work"]
 
@@ -172,15 +176,7 @@ class CanaryRun:
             self._move(cycle, canary, current, "restored")
             cycle.outcome = "start_failed"
             return
-        up = self.monitor.now()
-        window = current.tuning.window_s
-        # A fresh server admits a full batch at once, so its first requests finish together:
-        # over one short window its finished-token counter reads a wave, not a rate (the sim
-        # read 1,906 against a steady 1,545). One window of warm-up, two to judge.
-        self.abort.wait(JUDGE_WINDOWS * window)
-        if self.abort.is_set():
-            raise DispatchEnded("the epoch ended during the canary's window")
-        self._judge(cycle, up + window)
+        verdict = self._await_verdict(cycle, current, self.monitor.now())
         gain = cycle.measured_gain
         if gain is None:
             cycle.outcome, cycle.note = "no_work", "no rate to compare (the work ran out?)"
@@ -189,7 +185,7 @@ class CanaryRun:
             cycle.note = (f"the canary retracted {cycle.canary_retracted:.1f} requests per "
                           f"sample (the others {cycle.control_retracted or 0:.1f}): its cap is "
                           "more than its pools sustain")
-        if gain >= current.tuning.canary_min_gain and not thrashes(cycle):
+        if verdict.decision == "better" and not thrashes(cycle):
             rest = [i for i in sorted(self.fleet.config) if i not in canary]
             if self._move(cycle, rest, candidate, "rollout"):
                 cycle.outcome = "rolled_out"
@@ -203,6 +199,31 @@ class CanaryRun:
         else:
             self._move(cycle, canary, current, "rollback")
             cycle.outcome = "rolled_back"
+
+    def _await_verdict(self, cycle: CanaryCycle, current: JobSettings, up: float) -> Verdict:
+        """Wait for a verdict the evidence supports. A fresh server admits a full batch at
+        once, so its first requests finish together (one window of warm-up is skipped); the
+        judge then waits for every server to turn its batch over and for a gain outside the
+        noise, window by window, up to MAX_JUDGE_WINDOWS."""
+        window = current.tuning.window_s
+        since = up + window
+        self._wait_or_end(MIN_JUDGE_WINDOWS * window)
+        while True:
+            now = self.monitor.now()
+            verdict = judge(self.monitor.snapshot(), since, now, set(cycle.canary_servers),
+                            self.time_scale, current.tuning.canary_min_gain,
+                            final=now - up >= MAX_JUDGE_WINDOWS * window)
+            if verdict.decision != "wait":
+                break
+            self._wait_or_end(window)
+        self._judge(cycle, since)
+        cycle.note = verdict.reason
+        return verdict
+
+    def _wait_or_end(self, seconds: float) -> None:
+        self.abort.wait(seconds)
+        if self.abort.is_set():
+            raise DispatchEnded("the epoch ended during the canary's window")
 
     def _judge(self, cycle: CanaryCycle, since: float) -> None:
         """Side by side over [since, now]: committed tok/s, retractions, cache hits."""

@@ -75,7 +75,7 @@ def test_losing_a_node_mid_run_still_gives_every_id_once(two_nodes: dict[str, st
     src.write_text("".join(json.dumps({"id": f"f{i:05d}", "prompt": f"fleet {i}"}) + "\n"
                            for i in range(n)))
     staging = tmp_path / "staging"
-    overrides = {"sim.time_scale": 3.0, "shard_size": 50, "storage.staging_dir": str(staging),
+    overrides = {"sim.time_scale": 12.0, "shard_size": 50, "storage.staging_dir": str(staging),
                  "base_port": free_port_block(1)}
     code = (
         "import json, sys\n"

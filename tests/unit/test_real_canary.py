@@ -21,7 +21,7 @@ from infra.sglang.planner import predict_tok_s
 from infra.sglang.profiles import gpu_profile, model_profile
 from infra.sglang.versions import parse_version
 from tasks.monitor import Sample
-from tasks.tuning.canary import JUDGE_WINDOWS, group_rates, min_fleet_fraction
+from tasks.tuning.canary import MIN_JUDGE_WINDOWS, group_rates, min_fleet_fraction
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "bench" / "real_sglang" / "data" / "2026-12-01-h200-s5"
@@ -87,7 +87,7 @@ def test_rollback_verdict_follows_from_the_side_by_side_window() -> None:
     rows = samples("rollback")
     (out, back), (restore, _) = dead_spans(rows, "server-2")[:2]
     up = min(s.t for s in rows if s.server == "server-2" and s.t > back and s.alive)
-    ours, theirs = group_rates(rows, up + WINDOW_S, up + JUDGE_WINDOWS * WINDOW_S + 2.0,
+    ours, theirs = group_rates(rows, up + WINDOW_S, up + MIN_JUDGE_WINDOWS * WINDOW_S + 2.0,
                                {"server-2"}, 1.0)
     assert ours is not None and theirs is not None
     assert abs(ours / canary["tok_s_per_gpu"] - 1) < 0.1
