@@ -100,10 +100,14 @@ def resolve_strategy(model: ModelProfile, flags: ServerFlags,
     if not model.hybrid:
         return "none", overlap
     strategy = flags.mamba_strategy
+    extra_ok = model.family == "gdn"  # 0.5.17: _MAMBA_EXTRA_BUFFER_ARCHS (GDN and KDA only)
     if strategy == "auto":
         wants_extra = overlap or (flags.page_size or 1) > 1
         strategy = ("extra_buffer" if version.auto_prefers_extra_buffer and wants_extra
-                    else "no_buffer")
+                    and extra_ok else "no_buffer")
+    if strategy.startswith("extra_buffer") and not extra_ok:
+        raise PoolsDoNotFit(f"extra_buffer is not supported for {model.architecture}; use "
+                            "no_buffer (SGLang's own check)")
     if strategy == "no_buffer":
         overlap = False  # old builds disable it; new ones demand it (checked at launch)
     return strategy, overlap

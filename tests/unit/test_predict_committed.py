@@ -132,3 +132,19 @@ def test_a_workload_is_refused_with_its_field_named() -> None:
         Workload(1024, 2000, 1500)
     with pytest.raises(ValueError, match="at least 1"):
         Workload(0, 256)
+
+
+def test_nemotron_h_has_no_extra_buffer_and_auto_resolves_to_no_buffer() -> None:
+    """0.5.17 refuses extra_buffer for NemotronH ("extra_buffer is not supported for
+    NemotronHForCausalLM; use no_buffer"): the planner must not offer it, nor plan it."""
+    from infra.sglang.memory import PoolsDoNotFit
+    from infra.sglang.planner import alternatives
+
+    model, flags, _ = setup("nh4b_nb")
+    assert plan_memory(model, H200, flags.with_changes(mamba_strategy="auto"),
+                       V0517).mamba_strategy == "no_buffer"
+    with pytest.raises(PoolsDoNotFit, match="not supported for NemotronHForCausalLM"):
+        plan_memory(model, H200, flags.with_changes(mamba_strategy="extra_buffer"), V0517)
+    rows = {r.label: r for r in alternatives(model, H200, flags, V0517)}
+    assert rows["extra_buffer"].plan is None and "not supported" in (rows["extra_buffer"].error
+                                                                      or "")
