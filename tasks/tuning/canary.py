@@ -24,7 +24,7 @@ from tasks.health import ServerStartFailed, StartAborted
 from tasks.monitor import FleetMonitor, Sample
 from tasks.rolling import RollingFleet
 from tasks.tuning.diagnosis import window_stats
-from tasks.tuning.judge import Verdict, judge
+from tasks.tuning.judge import Verdict, group_rates, judge
 
 # Windows from a canary's start: one of warm-up, at least two judged, and at most this many
 # before the judge must decide (tasks/tuning/judge.py: turnover and noise, else keep).
@@ -78,16 +78,6 @@ class CanaryCycle:
         out.update(measured_gain=self.measured_gain, prediction_error=self.prediction_error,
                    server_restarts=self.server_restarts)
         return out
-
-
-def group_rates(samples: list[Sample], since: float, until: float, canary: set[str],
-                time_scale: float) -> tuple[float | None, float | None]:
-    """Mean per-server tok/s of the canary group and of the others over [since, until]."""
-    windows = window_stats([s for s in samples if s.t <= until], since, time_scale)
-    ours = [w.tok_s for w in windows if w.server in canary and w.alive]
-    theirs = [w.tok_s for w in windows if w.server not in canary and w.alive]
-    return (statistics.fmean(ours) if ours else None,
-            statistics.fmean(theirs) if theirs else None)
 
 
 def group_means(samples: list[Sample], since: float, until: float, canary: set[str],

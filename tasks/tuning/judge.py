@@ -44,8 +44,9 @@ class Verdict:
     reason: str
 
 
-def _group_rates(samples: list[Sample], since: float, until: float, canary: set[str],
-                 time_scale: float) -> tuple[float | None, float | None]:
+def group_rates(samples: list[Sample], since: float, until: float, canary: set[str],
+                time_scale: float) -> tuple[float | None, float | None]:
+    """Mean per-server tok/s of the canary group and of the others over [since, until]."""
     windows = window_stats([s for s in samples if s.t <= until], since, time_scale)
     ours = [w.tok_s for w in windows if w.server in canary and w.alive]
     theirs = [w.tok_s for w in windows if w.server not in canary and w.alive]
@@ -85,7 +86,7 @@ def first_turnover(samples: list[Sample], since: float, until: float,
 
 def _gain(samples: list[Sample], since: float, until: float, canary: set[str],
           time_scale: float) -> float | None:
-    ours, theirs = _group_rates(samples, since, until, canary, time_scale)
+    ours, theirs = group_rates(samples, since, until, canary, time_scale)
     return ours / theirs if ours is not None and theirs else None
 
 
