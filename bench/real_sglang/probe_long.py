@@ -60,6 +60,11 @@ def request_list(run: dict[str, Any], cap: int) -> list[tuple[int, int]]:
     return [(rng.randint(lo, hi), o) for o in outs]
 
 
+POOL = 16  # workers per httpx client: httpcore's pool is O(N²) in its connections
+# (docs/BENCHMARKS.md "httpx's pool is quadratic"; session 8's first probe used one client for
+# 245 workers and the NemotronH-4B server idled 3–5 s after each wave of 237 answers)
+
+
 async def closed_loop(url: str, reqs: list[tuple[int, int]], concurrency: int, vocab: int,
                       max_s: float, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
@@ -67,44 +72,47 @@ async def closed_loop(url: str, reqs: list[tuple[int, int]], concurrency: int, v
     samples: list[dict[str, Any]] = []
     queue = list(enumerate(reqs))
     queue.reverse()
-    limits = httpx.Limits(max_connections=concurrency + 8,
-                          max_keepalive_connections=concurrency + 8)
     started = time.time()
     end = time.monotonic() + max_s
-    async with httpx.AsyncClient(timeout=max_s + 60, limits=limits) as client:
+    clients = [httpx.AsyncClient(timeout=max_s + 60, limits=httpx.Limits(
+        max_connections=POOL, max_keepalive_connections=POOL))
+        for _ in range((concurrency + POOL - 1) // POOL)]
 
-        async def worker() -> None:
-            while queue and time.monotonic() < end:
-                index, (plen, out) = queue.pop()
-                ids = [rng.randrange(3, vocab) for _ in range(plen)]
-                t0 = time.time()
-                resp = await client.post(f"{url}/generate", json={
-                    "input_ids": ids, "sampling_params": {
-                        "max_new_tokens": out, "temperature": 0, "ignore_eos": True}})
-                meta = resp.json().get("meta_info", {}) if resp.status_code == 200 else {}
-                answers.append({"i": index, "status": resp.status_code, "start": t0,
-                                "end": time.time(), "prompt_tokens": meta.get("prompt_tokens"),
-                                "completion_tokens": meta.get("completion_tokens"),
-                                "cached_tokens": meta.get("cached_tokens")})
+    async def worker(client: httpx.AsyncClient) -> None:
+        while queue and time.monotonic() < end:
+            index, (plen, out) = queue.pop()
+            ids = [rng.randrange(3, vocab) for _ in range(plen)]
+            t0 = time.time()
+            resp = await client.post(f"{url}/generate", json={
+                "input_ids": ids, "sampling_params": {
+                    "max_new_tokens": out, "temperature": 0, "ignore_eos": True}})
+            meta = resp.json().get("meta_info", {}) if resp.status_code == 200 else {}
+            answers.append({"i": index, "status": resp.status_code, "start": t0,
+                            "end": time.time(), "prompt_tokens": meta.get("prompt_tokens"),
+                            "completion_tokens": meta.get("completion_tokens"),
+                            "cached_tokens": meta.get("cached_tokens")})
 
-        async def sampler() -> None:
-            while time.monotonic() < end:
-                try:
-                    text = (await client.get(f"{url}/metrics")).text
-                except httpx.HTTPError:
-                    await asyncio.sleep(1.0)
-                    continue
-                samples.append({"t": time.time(), **parse_gauges(text),
-                                **{c: counter(text, c) for c in COUNTERS}})
+    async def sampler(client: httpx.AsyncClient) -> None:
+        while time.monotonic() < end:
+            try:
+                text = (await client.get(f"{url}/metrics")).text
+            except httpx.HTTPError:
                 await asyncio.sleep(1.0)
+                continue
+            samples.append({"t": time.time(), **parse_gauges(text),
+                            **{c: counter(text, c) for c in COUNTERS}})
+            await asyncio.sleep(1.0)
 
-        sampling = asyncio.create_task(sampler())
-        workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    async with httpx.AsyncClient(timeout=30) as probe:
+        sampling = asyncio.create_task(sampler(probe))
+        workers = [asyncio.create_task(worker(clients[i // POOL])) for i in range(concurrency)]
         await asyncio.wait(workers, timeout=max_s + 30)
         ended = time.time()
         for task in [*workers, sampling]:
             task.cancel()
-        after = (await client.get(f"{url}/metrics")).text
+        after = (await probe.get(f"{url}/metrics")).text
+    for client in clients:
+        await client.aclose()
     committed = sum(a["completion_tokens"] or 0 for a in answers)
     return {"started": started, "ended": ended, "wall_s": round(ended - started, 2),
             "requests_sent": len(reqs) - len(queue), "answered": len(answers),

@@ -102,8 +102,9 @@ def real(name: str) -> float:
 
 PREDICTED_WITHIN_15 = [*GDN_FIXED, "nh4b_nb_r03", pytest.param("nh4b_nb", marks=pytest.mark.xfail(
     strict=True, reason="at cap 237 the real run idled 3–5 s after each wave of answers, "
-    "with /metrics unanswered: the HTTP side (client or SGLang's front), which the simulator "
-    "does not model; the prediction is 39 % above it (docs/REAL_SGLANG.md, session 8)"))]
+    "with /metrics unanswered: most likely the probe's one httpx client for 245 workers "
+    "(httpcore's pool is O(N²), docs/BENCHMARKS.md), not the server; the prediction is 39 % "
+    "above it; probe_long.py now pools 16 workers a client (docs/REAL_SGLANG.md, session 8)"))]
 
 
 @pytest.mark.parametrize("name", PREDICTED_WITHIN_15)
