@@ -163,7 +163,8 @@ def _watch(live: LiveConfig, hw: Hardware, plan: MemoryPlan | None, caps: list[C
         concurrency = now.client.concurrency_per_server
         tried = ctx.ledger.tried() | {config_key(now.server, concurrency)}
         return propose(diag, now.server, concurrency, hw.model, hw.gpu, hw.version, tried,
-                       tuner.mem_ceiling, tuning.avg_context, min_gain, tuning.allow_lossy,
+                       tuner.mem_ceiling, ctx.totals.demand(tuning.avg_context), min_gain,
+                       tuning.allow_lossy,
                        pinned=shared, reuse=ctx.totals.prefix_reuse())
 
     # Work left when this epoch started, in prompts; what is done since comes off it.

@@ -213,7 +213,8 @@ def _decide(settings: JobSettings, outcome: EpochOutcome, ctx: JobContext, tuner
     decision, tuner.mem_ceiling = restart_on_regression(
         result, outcome.failure, epoch, settings.server,
         settings.client.concurrency_per_server, str(ctx.ledger.path), hw.model, hw.gpu,
-        hw.version, tuner.mem_ceiling, min_gain, tuning.avg_context, tuning.allow_lossy,
+        hw.version, tuner.mem_ceiling, min_gain, ctx.totals.demand(tuning.avg_context),
+        tuning.allow_lossy,
         tuner.predicted_tok_s_per_gpu, ctx.totals.prefix_reuse())
     if outcome.start_failure is not None and decision is None:
         raise ServerStartFailed(f"servers failed to start and no earlier config worked: "

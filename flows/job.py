@@ -19,8 +19,10 @@ from prefect.artifacts import (
 from infra.ledger import ManifestEntry
 from infra.settings import JobSettings
 from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
+from infra.sglang.planner import Demand
 from infra.sglang.profiles import GpuProfile, ModelProfile, gpu_profile, model_profile
 from infra.sglang.versions import SGLangVersion, parse_version
+from infra.sim.predict import Workload
 from tasks.capacity import Capacity
 from tasks.engines import engine_for
 from tasks.shards import JobState
@@ -82,6 +84,14 @@ class RunTotals:
     def prefix_reuse(self) -> PrefixReuse | None:
         return PrefixReuse.measured(self.prompt_tokens, self.cached_tokens, self.tokens,
                                     self.primes_groups)
+
+    def demand(self, avg_context: float) -> Demand:
+        """The job's rows as committed so far (mean uncached prompt and output tokens per
+        prompt), to predict committed rates; before any commit, the decode rate."""
+        if self.done <= 0 or self.tokens <= 0:
+            return Demand(avg_context)
+        prompt = max(1, round((self.prompt_tokens - self.cached_tokens) / self.done))
+        return Demand(avg_context, Workload(prompt, max(1, round(self.tokens / self.done))))
 
 
 @dataclass(frozen=True)

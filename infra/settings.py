@@ -10,7 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -79,6 +87,23 @@ class SimSettings(BaseModel):
     sglang_version: str = Field("0.5.23", description="SGLang release the simulator imitates")
     faults: dict[str, Any] = Field(default_factory=dict,
                                    description="fault injection, see infra/sim/config.py")
+    output_mean_tokens: int | None = Field(
+        None, ge=1, description="answers without ignore_eos end, on average, after this many "
+        "tokens (lognormal with output_p99_tokens; cut at max_new_tokens); default: uniform "
+        "in 0.3–1.3 × max_new_tokens")
+    output_p99_tokens: int | None = Field(
+        None, ge=2, description="99th percentile of answer lengths, with output_mean_tokens")
+
+    @model_validator(mode="after")
+    def _lengths_go_together(self) -> SimSettings:
+        mean, p99 = self.output_mean_tokens, self.output_p99_tokens
+        if (mean is None) != (p99 is None):
+            raise ValueError("sim.output_mean_tokens and sim.output_p99_tokens go together: "
+                             "set both, or neither")
+        if mean is not None and p99 is not None and p99 <= mean:
+            raise ValueError(f"sim.output_p99_tokens ({p99}) must exceed "
+                             f"sim.output_mean_tokens ({mean})")
+        return self
 
 
 class StorageSettings(BaseModel):

@@ -93,6 +93,9 @@ class SimulatedSGLang(Engine):
             env["EXPANSION_SIM_STARTUP_S"] = str(sim.startup_s)
         if sim.faults:
             env["EXPANSION_SIM_FAULTS"] = json.dumps(sim.faults)
+        if sim.output_mean_tokens is not None:
+            env["EXPANSION_SIM_OUTPUT_LENGTHS"] = (f"{sim.output_mean_tokens},"
+                                                   f"{sim.output_p99_tokens}")
         return env
 
     def gpu_name(self, settings: JobSettings) -> str:

@@ -37,6 +37,29 @@ def predict_tok_s(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags, plan
     return build_roofline(model, gpu, flags, plan).tokens_per_s(n, avg_context)
 
 
+@dataclass(frozen=True)
+class Demand:
+    """What the job asks of each server, for comparing configurations: with a measured
+    workload (the job's mean prompt and output lengths) the committed rate — prefill, waves
+    and retractions in (infra/sim/predict.py) —, without one the decode rate at the cap for
+    an average context (`tuning.avg_context`), an upper bound that misses prefill."""
+
+    avg_context: float = 2048.0
+    workload: Workload | None = None
+
+    def tok_s_per_gpu(self, model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
+                      plan: MemoryPlan, version: SGLangVersion) -> float:
+        if self.workload is None:
+            return predict_tok_s(model, gpu, flags, plan, self.avg_context)
+        return committed_tok_s(model, gpu, flags, version, self.workload) / flags.tp_size
+
+    def describe(self) -> str:
+        if self.workload is None:
+            return f"decode rate at {self.avg_context:,.0f} tokens of context"
+        w = self.workload
+        return f"committed rate for {w.prompt_tokens:,}-token prompts, {w.output_tokens:,} out"
+
+
 def evaluate(label: str, model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
              version: SGLangVersion, avg_context: float,
              workload: Workload | None = None) -> Alternative:

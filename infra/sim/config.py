@@ -54,6 +54,7 @@ class SimConfig:
     skip_tokenizer_init: bool = False  # SGLang then takes input_ids only, answers output_ids
     weights_gib: float | None = None  # for a config.json model folder without an index
     faults: Faults = field(default_factory=Faults)
+    output_lengths: tuple[int, int] | None = None  # (mean, p99) of answers without ignore_eos
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -120,4 +121,12 @@ def parse_sim_args(argv: list[str], env: dict[str, str] | None = None) -> SimCon
         weights_gib=float(env["EXPANSION_SIM_WEIGHTS_GIB"]) if env.get("EXPANSION_SIM_WEIGHTS_GIB")
         else None,
         faults=faults,
+        output_lengths=_lengths(env.get("EXPANSION_SIM_OUTPUT_LENGTHS")),
     )
+
+
+def _lengths(raw: str | None) -> tuple[int, int] | None:
+    if not raw:
+        return None
+    mean, p99 = (int(v) for v in raw.split(","))
+    return mean, p99

@@ -27,6 +27,7 @@ from infra.sglang.memory import plan_memory
 from infra.sglang.profiles import GpuProfile, ModelProfile
 from infra.sglang.versions import SGLangVersion
 from infra.sim.replay import replay_requests
+from infra.sim.text import lognormal_params
 
 ROUNDS_FIXED = 4  # rounds of the cap replayed for fixed lengths (waves: the 2nd is steady)
 ROUNDS_MIXED = 8  # for a spread of lengths, whose long tail needs more rows to settle
@@ -52,10 +53,7 @@ class Workload:
         spaced quantiles (no sampling noise between two predictions), in a seeded order."""
         if self.output_p99 is None:
             return [self.output_tokens] * n
-        z99 = NormalDist().inv_cdf(0.99)
-        sigma = z99 - math.sqrt(z99 * z99 - 2.0 * math.log(self.output_p99 / self.output_tokens))
-        mu = math.log(self.output_tokens) - sigma * sigma / 2.0
-        normal = NormalDist(mu, sigma)
+        normal = NormalDist(*lognormal_params(self.output_tokens, self.output_p99))
         lengths = [max(1, round(math.exp(normal.inv_cdf((i + 0.5) / n)))) for i in range(n)]
         random.Random(seed).shuffle(lengths)
         return lengths

@@ -116,7 +116,7 @@ class SimServer:
                 f"{prompt_tokens + max_new} tokens: {prompt_tokens} tokens from the input "
                 f"messages and {max_new} tokens for the completion.")
         result = complete(prompt if isinstance(prompt, str) else json.dumps(prompt), sampling,
-                          self.cfg.seed)
+                          self.cfg.seed, self.cfg.output_lengths)
         received, started = time.time(), time.monotonic()
         req = await self._run_unless_abandoned(prompt, prompt_tokens, result.completion_tokens,
                                                max_new, request)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 from dataclasses import dataclass
 
@@ -32,11 +33,14 @@ def count_prompt_tokens(text: str) -> int:
     return max(1, len(text.encode()) // 4)
 
 
-def complete(prompt: str, sampling: dict[str, object], seed: int) -> Completion:
+def complete(prompt: str, sampling: dict[str, object], seed: int,
+             lengths: tuple[int, int] | None = None) -> Completion:
     """The completion the simulator gives for this prompt, seed and sampling parameters.
 
     `stop` (strings) and `json_schema` (a parsed schema) are honoured as SGLang does
-    (infra/sim/constrained.py); the caller refuses what is not."""
+    (infra/sim/constrained.py); the caller refuses what is not. `lengths` (mean, p99): where
+    the answer would reach EOS, lognormal — a reasoning model's spread over two orders of
+    magnitude — instead of uniform in 0.3–1.3 × max_new_tokens."""
     key = json.dumps([prompt, sorted(sampling.items(), key=lambda kv: kv[0]), seed],
                      default=str)
     rng = random.Random(hashlib.sha256(key.encode()).digest())
@@ -44,7 +48,8 @@ def complete(prompt: str, sampling: dict[str, object], seed: int) -> Completion:
     schema = sampling.get("json_schema")
     if isinstance(schema, dict):
         return _json_completion(schema, rng, max_new)
-    wanted = max(1, int(max_new * rng.uniform(0.3, 1.3)))
+    wanted = (lognormal_length(rng, *lengths) if lengths
+              else max(1, int(max_new * rng.uniform(0.3, 1.3))))
     if sampling.get("ignore_eos"):
         wanted = max_new + 1  # SGLang then always runs to max_new_tokens
     n = min(wanted, max_new)
@@ -56,6 +61,18 @@ def complete(prompt: str, sampling: dict[str, object], seed: int) -> Completion:
         return Completion(" ".join(words), ids[:len(words)], max(1, len(words)), "stop", matched)
     return Completion(text=" ".join(words), output_ids=ids, completion_tokens=n,
                       finish_reason="stop" if wanted <= max_new else "length")
+
+
+def lognormal_params(mean: float, p99: float) -> tuple[float, float]:
+    """(mu, sigma) of the lognormal with this mean and 99th percentile (p99 > mean)."""
+    z99 = 2.3263478740408408
+    sigma = z99 - math.sqrt(z99 * z99 - 2.0 * math.log(p99 / mean))
+    return math.log(mean) - sigma * sigma / 2.0, sigma
+
+
+def lognormal_length(rng: random.Random, mean: int, p99: int) -> int:
+    """One length of a lognormal with this mean and 99th percentile."""
+    return max(1, round(rng.lognormvariate(*lognormal_params(mean, p99))))
 
 
 def _json_completion(schema: dict[str, object], rng: random.Random, max_new: int) -> Completion:

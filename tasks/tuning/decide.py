@@ -13,6 +13,7 @@ from prefect.cache_policies import NO_CACHE
 
 from infra.sglang.flags import ServerFlags
 from infra.sglang.memory import PoolsDoNotFit, plan_memory
+from infra.sglang.planner import Demand
 from infra.sglang.profiles import GpuProfile, ModelProfile
 from infra.sglang.versions import SGLangVersion
 from tasks.tuning.ledger import LedgerEntry, TuningLedger, config_key
@@ -48,7 +49,7 @@ def decide_next(result: WatchResult | None, failure: str | None, epoch: int,
                 flags: ServerFlags, concurrency: int | None, ledger: TuningLedger,
                 model: ModelProfile | None, gpu: GpuProfile | None,
                 version: SGLangVersion | None, mem_ceiling: float, min_gain: float,
-                avg_context: float, allow_lossy: bool = False,
+                demand: Demand, allow_lossy: bool = False,
                 predicted: float | None = None,
                 reuse: PrefixReuse | None = None) -> tuple[NextConfig | None, float]:
     """Record what this epoch did — with what was predicted for it when it was chosen —
@@ -93,7 +94,7 @@ def decide_next(result: WatchResult | None, failure: str | None, epoch: int,
     if model is None or gpu is None or version is None:
         return None, mem_ceiling
     proposal = propose(result.diagnosis, flags, concurrency, model, gpu, version,
-                       ledger.tried(), mem_ceiling, avg_context, min_gain, allow_lossy,
+                       ledger.tried(), mem_ceiling, demand, min_gain, allow_lossy,
                        reuse=reuse)
     if proposal is None:
         return None, mem_ceiling
@@ -107,9 +108,9 @@ def restart_on_regression(result: WatchResult | None, failure: str | None, epoch
                           flags: ServerFlags, concurrency: int | None, ledger_path: str,
                           model: ModelProfile | None, gpu: GpuProfile | None,
                           version: SGLangVersion | None, mem_ceiling: float, min_gain: float,
-                          avg_context: float, allow_lossy: bool = False,
+                          demand: Demand, allow_lossy: bool = False,
                           predicted: float | None = None,
                           reuse: PrefixReuse | None = None) -> tuple[NextConfig | None, float]:
     return decide_next(result, failure, epoch, flags, concurrency, TuningLedger(Path(
-        ledger_path)), model, gpu, version, mem_ceiling, min_gain, avg_context, allow_lossy,
+        ledger_path)), model, gpu, version, mem_ceiling, min_gain, demand, allow_lossy,
         predicted, reuse)

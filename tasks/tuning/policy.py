@@ -10,12 +10,14 @@ from dataclasses import dataclass
 
 from infra.sglang.flags import ServerFlags, scaled_ratio
 from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
-from infra.sglang.planner import MAX_MEM_FRACTION, candidate_flags, predict_tok_s
+from infra.sglang.planner import MAX_MEM_FRACTION, Demand, candidate_flags
 from infra.sglang.profiles import GpuProfile, ModelProfile
 from infra.sglang.roofline import build_roofline
 from infra.sglang.versions import SGLangVersion
 from tasks.tuning.diagnosis import Diagnosis
 from tasks.tuning.ledger import config_key
+
+DECODE_RATE = Demand()  # no workload known: the decode rate at 2,048 tokens of context
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,7 @@ def keep_memory(candidate: ServerFlags, flags: ServerFlags) -> ServerFlags:
 
 def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
             model: ModelProfile, gpu: GpuProfile, version: SGLangVersion, tried: set[str],
-            mem_ceiling: float = MAX_MEM_FRACTION, avg_context: float = 2048.0,
+            mem_ceiling: float = MAX_MEM_FRACTION, demand: Demand = DECODE_RATE,
             min_gain: float = 1.1, allow_lossy: bool = False,
             pinned: bool = False, reuse: PrefixReuse | None = None) -> Proposal | None:
     """The next configuration to try, or None when nothing promises a gain.
@@ -141,7 +143,7 @@ def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
         current = plan_memory(model, gpu, flags, version)
     except PoolsDoNotFit:
         current = None
-    baseline = (predict_tok_s(model, gpu, flags, current, avg_context) if current else 0.0)
+    baseline = demand.tok_s_per_gpu(model, gpu, flags, current, version) if current else 0.0
     options = candidate_flags(model, flags, current) + _combined_moves(model, flags, current,
                                                                        mem_ceiling)
     if pinned:
@@ -159,7 +161,7 @@ def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
             plan = plan_memory(model, gpu, candidate, version)
         except PoolsDoNotFit:
             continue
-        tok_s = predict_tok_s(model, gpu, candidate, plan, avg_context)
+        tok_s = demand.tok_s_per_gpu(model, gpu, candidate, plan, version)
         if current is not None and reuse is not None:
             roof = build_roofline(model, gpu, candidate, plan)
             kept = tok_s
@@ -179,7 +181,8 @@ def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
     gain = tok_s / baseline if baseline else float("inf")
     return Proposal(chosen, None, tok_s,
                     f"{diagnosis.kind}: {label} — predicted {tok_s:,.0f} tok/s per GPU "
-                    f"({gain:.2f}× the model's figure for the current config)",
+                    f"({gain:.2f}× the model's figure for the current config; "
+                    f"{demand.describe()})",
                     gain if math.isfinite(gain) else None)
 
 

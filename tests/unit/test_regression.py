@@ -6,6 +6,7 @@ from pathlib import Path
 
 from infra.sglang.flags import ServerFlags
 from infra.sglang.memory import plan_memory
+from infra.sglang.planner import Demand
 from infra.sglang.profiles import gpu_profile, model_profile
 from infra.sglang.versions import parse_version
 from tasks.monitor import Sample
@@ -109,7 +110,7 @@ def test_oom_lowers_the_ceiling_and_rolls_back_to_the_best(tmp_path: Path) -> No
                               "measured", 500.0, None, "", 0.0))
     bad = EB.with_changes(mamba_strategy="no_buffer", mem_fraction_static=0.9)
     nxt, ceiling = decide_next(None, "torch.OutOfMemoryError: CUDA out of memory", 2, bad,
-                               None, ledger, FP8, RTX, V, 0.95, 1.2, 2048.0)
+                               None, ledger, FP8, RTX, V, 0.95, 1.2, Demand())
     assert nxt is not None and nxt.flags == EB and nxt.concurrency == 32
     assert EB_PLAN.mem_fraction_static < ceiling < 0.9
     assert [e.outcome for e in ledger.entries()] == ["measured", "failed"]
@@ -121,7 +122,7 @@ def test_rollback_returns_to_the_best_config(tmp_path: Path) -> None:
                               "measured", 900.0, None, "", 0.0))
     worse = EB.with_changes(mamba_ssm_dtype="bfloat16")
     result = WatchResult(True, "rollback: slower", Diagnosis("mamba-bound", "", 400.0), 400.0)
-    nxt, _ = decide_next(result, None, 2, worse, None, ledger, FP8, RTX, V, 0.95, 1.2, 2048.0)
+    nxt, _ = decide_next(result, None, 2, worse, None, ledger, FP8, RTX, V, 0.95, 1.2, Demand())
     assert nxt is not None and nxt.flags == EB
 
 

@@ -1,0 +1,43 @@
+"""Answers of a reasoning model: lengths spread lognormally, as a job can set them for the
+simulator (`sim.output_mean_tokens`, `sim.output_p99_tokens`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.settings import load_settings
+from infra.sim.config import parse_sim_args
+from infra.sim.text import complete
+from tasks.engines import engine_for
+
+
+def test_lengths_follow_the_mean_and_p99_and_stop_at_max_new_tokens() -> None:
+    sampling: dict[str, object] = {"max_new_tokens": 40000}
+    lengths = sorted(complete(f"p{i}", sampling, 0, (2000, 16000)).completion_tokens
+                     for i in range(3000))
+    assert sum(lengths) / len(lengths) == pytest.approx(2000, rel=0.1)
+    assert lengths[int(0.99 * len(lengths))] == pytest.approx(16000, rel=0.2)
+    assert min(lengths) < 200 and max(lengths) > 16000  # two orders of magnitude
+    capped = [complete(f"p{i}", {"max_new_tokens": 3000}, 0, (2000, 16000))
+              for i in range(300)]
+    assert max(c.completion_tokens for c in capped) == 3000
+    assert {c.finish_reason for c in capped if c.completion_tokens == 3000} == {"length"}
+    fixed = complete("p", {"max_new_tokens": 500, "ignore_eos": True}, 0, (2000, 16000))
+    assert fixed.completion_tokens == 500  # ignore_eos still runs to max_new_tokens
+
+
+def test_the_setting_reaches_the_simulated_server() -> None:
+    settings = load_settings(None, engine="sim", **{"sim.output_mean_tokens": 2000,
+                                                     "sim.output_p99_tokens": 16000})
+    engine = engine_for(settings)
+    env = engine.env(settings, engine.version(settings))  # what the launcher gives it
+    cfg = parse_sim_args(["--model-path", "Qwen/Qwen3.6-27B"], env)
+    assert cfg.output_lengths == (2000, 16000)
+
+
+@pytest.mark.parametrize("values,needle", [
+    ({"sim.output_mean_tokens": 2000}, "go together"),
+    ({"sim.output_mean_tokens": 2000, "sim.output_p99_tokens": 1500}, "must exceed")])
+def test_half_a_distribution_is_refused(values: dict[str, int], needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        load_settings(None, engine="sim", **values)
