@@ -65,12 +65,25 @@ def turned_over(samples: list[Sample], since: float, until: float) -> tuple[bool
     for server, rows in sorted(by.items()):
         counts = [r.requests_total for r in rows if r.requests_total is not None]
         most = max((r.running or 0) for r in rows)
+        if not counts and all(r.requests_total is None for r in rows):
+            continue  # a server without the counter (older SGLang) is judged on time alone
         if len(counts) < 2:
             return False, f"{server} reports no finished-request counter yet"
         if counts[-1] - counts[0] < max(1, most):
             return False, (f"{server} finished {counts[-1] - counts[0]:.0f} of the {most} "
                            "requests it ran at once")
     return True, "every server turned its batch over"
+
+
+def turnover_start(samples: list[Sample], earliest: float, until: float) -> float | None:
+    """The latest start ≥ `earliest` whose span to `until` holds a turnover of every server
+    (None: none does yet) — the shortest look-back that reads rates, not waves."""
+    ticks = sorted({s.t for s in samples if earliest <= s.t <= until}, reverse=True)
+    recent = [s for s in samples if s.t >= earliest]
+    for t in ticks:
+        if turned_over(recent, t, until)[0]:
+            return t
+    return None
 
 
 def first_turnover(samples: list[Sample], since: float, until: float,

@@ -20,6 +20,7 @@ from tasks.tuning.diagnosis import (
     steady_tok_s_per_gpu,
     window_stats,
 )
+from tasks.tuning.judge import turnover_start
 from tasks.tuning.policy import Proposal
 
 
@@ -69,6 +70,7 @@ class RegressionWatch:
         self.stop = threading.Event()
         self.result = WatchResult()
         self._slow_checks = 0
+        self._turned_over = False  # the last measurement's span held a full turnover
         self._done = threading.Event()  # also the canary's abort: set when the epoch ends
         self._started = monitor.now()
         # With the flow run's context, so what a canary cycle logs and records (artifacts)
@@ -96,9 +98,18 @@ class RegressionWatch:
         return self.result
 
     def _measure(self) -> Diagnosis:
-        # Skip the first half window: admission ramp-up is not steady state.
-        since = max(self._started + self.window_s / 2, self.monitor.now() - self.window_s)
-        windows = window_stats(self.monitor.snapshot(), since, self.time_scale)
+        # Skip the first half window: admission ramp-up is not steady state. Look back one
+        # window, or further until every server has turned its batch over: with long outputs
+        # the finished-token counter moves in waves, and a window inside one reads a third of
+        # the rate (tasks/tuning/judge.py).
+        now, samples = self.monitor.now(), self.monitor.snapshot()
+        earliest = self._started + self.window_s / 2
+        since = max(earliest, now - self.window_s)
+        start = turnover_start(samples, earliest, now)
+        self._turned_over = start is not None
+        if start is not None:
+            since = min(since, start)
+        windows = window_stats(samples, since, self.time_scale)
         diag = diagnose(windows, self.caps, self.plan)
         self.result.diagnosis = diag
         self.result.measured_tok_s_per_gpu = diag.tok_s_per_gpu if windows else None
@@ -156,6 +167,12 @@ class RegressionWatch:
         tok = diag.tok_s_per_gpu
         need = self.gain_needed(diag) if self.gain_needed is not None else 1.0
         self.result.required_gain = need
+        if diag.kind == "unhealthy":
+            return f"unhealthy: {diag.evidence}"
+        if not self._turned_over:  # no decision on a wave
+            self.result.last_check = (f"{diag.kind} at {tok:,.0f} tok/s per GPU: waiting "
+                                      "for every server to turn its batch over")
+            return ""
         if self.baseline and tok < 0.95 * self.baseline and self.baseline >= need * tok:
             # Two checks in a row: one slow window can be ramp-up or a noisy neighbour.
             self._slow_checks += 1
@@ -164,8 +181,6 @@ class RegressionWatch:
                         f"config ({self.baseline:,.0f}) in two windows running")
             return ""
         self._slow_checks = 0
-        if diag.kind == "unhealthy":
-            return f"unhealthy: {diag.evidence}"
         below = self.target is not None and tok < self.target
         proposal = (self.can_propose(diag, need)
                     if self.can_propose is not None and math.isfinite(need) else None)

@@ -198,6 +198,9 @@ def test_watch_asks_for_the_gain_the_work_left_justifies() -> None:
     need = {"gain": 1.3}
     watch = RegressionWatch(FleetMonitor(1.0, None), {"server-0": 32}, None, 1.0, 4.0, None,
                             None, can_propose, True, lambda d: need["gain"])
+    assert watch._reason(mamba) == "" and asked == []  # no span with a turnover yet: a wave
+    assert "turn its batch over" in watch.result.last_check
+    watch._turned_over = True  # what _measure sets once every server turned over
     assert watch._reason(mamba).startswith("mamba-bound")
     assert asked == [1.3] and watch.result.required_gain == 1.3
     need["gain"] = float("inf")  # the job is nearly done: no proposal is even asked for
@@ -207,6 +210,7 @@ def test_watch_asks_for_the_gain_the_work_left_justifies() -> None:
     need["gain"] = 1.2
     watch = RegressionWatch(FleetMonitor(1.0, None), {"server-0": 32}, None, 1.0, 4.0, None,
                             1000.0, can_propose, True, lambda d: need["gain"])
+    watch._turned_over = True
     assert watch._reason(slow) == "" and watch._reason(slow) == ""
     need["gain"] = 1.05
     assert watch._reason(slow) == ""  # first slow window
