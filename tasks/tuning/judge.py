@@ -90,9 +90,9 @@ def first_turnover(samples: list[Sample], since: float, until: float,
                    servers: set[str]) -> float | None:
     """When every one of `servers` had finished, after `since`, as many requests as it
     ran at once: the end of a restarted server's first wave (None: not yet)."""
-    ticks = sorted({s.t for s in samples if since <= s.t <= until and s.server in servers})
-    for t in ticks:
-        if turned_over([s for s in samples if s.server in servers], since, t)[0]:
+    pool = [s for s in samples if since <= s.t <= until and s.server in servers]
+    for t in sorted({s.t for s in pool}):
+        if turned_over(pool, since, t)[0]:
             return t
     return None
 

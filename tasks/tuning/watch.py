@@ -23,6 +23,8 @@ from tasks.tuning.diagnosis import (
 from tasks.tuning.judge import turnover_start
 from tasks.tuning.policy import Proposal
 
+LOOKBACK_WINDOWS = 20  # the furthest a measurement looks back for a turnover
+
 
 @dataclass
 class WatchResult:
@@ -103,7 +105,8 @@ class RegressionWatch:
         # the finished-token counter moves in waves, and a window inside one reads a third of
         # the rate (tasks/tuning/judge.py).
         now, samples = self.monitor.now(), self.monitor.snapshot()
-        earliest = self._started + self.window_s / 2
+        # (at most LOOKBACK_WINDOWS back: a 40-hour epoch's samples are not rescanned)
+        earliest = max(self._started + self.window_s / 2, now - LOOKBACK_WINDOWS * self.window_s)
         since = max(earliest, now - self.window_s)
         start = turnover_start(samples, earliest, now)
         self._turned_over = start is not None
