@@ -126,7 +126,7 @@ def test_config_that_ooms_is_rolled_back_and_nothing_is_lost(prefect_api: None,
                                                             tmp_path: Path) -> None:
     summary, out = run(
         tmp_path, 1500, 2, model="qwen3.6-27b-fp8", **{
-            "sim.gpu": "rtx-pro-6000", "sim.time_scale": 20.0,
+            "sim.gpu": "rtx-pro-6000", "sim.time_scale": 40.0,
             "server.mamba_strategy": "extra_buffer", "client.concurrency_per_server": 32,
             "sampling.max_new_tokens": 2048,
             "sim.faults": {"oom_above_mem_fraction": 0.85}})
