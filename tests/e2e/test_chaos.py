@@ -78,12 +78,12 @@ def seconds_to_first_commit(out: str, src: Path, env: dict[str, str], s3: str) -
 
 @pytest.mark.slow  # not in the prefect_server group: the longest test runs beside it
 def test_sigkill_at_random_moments_loses_and_duplicates_nothing(
-        prefect_server: dict[str, str], s3_endpoint: str, bucket: str,
+        prefect_env: dict[str, str], s3_endpoint: str, bucket: str,
         tmp_path: Path) -> None:
     src = tmp_path / "prompts.jsonl"
     src.write_text("".join(json.dumps({"id": f"c{i:05d}", "prompt": f"chaos prompt {i}"}) + "\n"
                            for i in range(PROMPTS)))
-    env = {**os.environ, **prefect_server, "EXPANSION_STORAGE__ENDPOINT_URL": s3_endpoint}
+    env = {**os.environ, **prefect_env, "EXPANSION_STORAGE__ENDPOINT_URL": s3_endpoint}
     rng = random.Random(1234)
     chaos_out = str(tmp_path / "chaos")
     target = f"s3://{bucket}/chaos"
