@@ -49,15 +49,22 @@ async def _replay(engine: SimEngine, requests: int, in_flight: int, prompt_token
     return engine._modeled_clock, t1 - t0, n1 - n0
 
 
+def replay_engine(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
+                  version: SGLangVersion) -> SimEngine:
+    """The simulated server's scheduler for these flags, stepping one decode step at a time
+    in modeled time, with no log."""
+    plan = plan_memory(model, gpu, flags, version)
+    prefix_state = version.locks_prefix_state and not flags.disable_radix_cache
+    return SimEngine(plan, build_roofline(model, gpu, flags, plan), REPLAY_TIME_SCALE,
+                     lambda _line: None, prefix_state=prefix_state, max_chunk_steps=1)
+
+
 def replay(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags, version: SGLangVersion,
            requests: int, prompt_tokens: int, output_tokens: int,
            queue_target: int = 4) -> ReplayResult:
     """The simulator's figures for this workload under these flags."""
-    plan = plan_memory(model, gpu, flags, version)
-    roofline = build_roofline(model, gpu, flags, plan)
-    prefix_state = version.locks_prefix_state and not flags.disable_radix_cache
-    engine = SimEngine(plan, roofline, REPLAY_TIME_SCALE, lambda _line: None,
-                       prefix_state=prefix_state, max_chunk_steps=1)
+    engine = replay_engine(model, gpu, flags, version)
+    plan = engine.plan
     total_s, busy_s, busy_tokens = asyncio.run(_replay(
         engine, requests, plan.max_running_requests + queue_target, prompt_tokens,
         output_tokens))
@@ -125,11 +132,8 @@ def replay_requests(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
     """A closed loop of `concurrency` clients over (prompt tokens, output tokens) rows, as
     bench/real_sglang/probe_long.py drives real SGLang: every row's output runs to its
     length (ignore_eos), a row answered after `max_s` modeled seconds does not count."""
-    plan = plan_memory(model, gpu, flags, version)
-    roofline = build_roofline(model, gpu, flags, plan)
-    prefix_state = version.locks_prefix_state and not flags.disable_radix_cache
-    engine = SimEngine(plan, roofline, REPLAY_TIME_SCALE, lambda _line: None,
-                       prefix_state=prefix_state, max_chunk_steps=1)
+    engine = replay_engine(model, gpu, flags, version)
+    plan = engine.plan
     answers, last_send = asyncio.run(_closed_loop(engine, reqs, concurrency, max_s))
     done_all = len(answers) == len(reqs)
     return ClosedLoopResult(cap=plan.max_running_requests,
