@@ -22,6 +22,7 @@ from flows.epoch import EpochOutcome, JobContext, TunerState, run_epoch
 from flows.job import Cycle, Progress, RunTotals, cycles_artifact, hardware_of
 from flows.report import write_report
 from flows.summary import RunSummary, ServerSummary, format_summary
+from infra.input_lengths import InputLengths, sample_lengths
 from infra.processes import ephemeral_port_warning
 from infra.prompts import validate_input
 from infra.settings import NULL, JobSettings, load_settings
@@ -158,6 +159,10 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
     initial = state
     totals = RunTotals(primes_groups=settings.client.prefix_affinity_chars > 0
                        and state.input_kind != "messages")
+    if settings.tuning.enabled and state.pending:
+        totals.input_lengths = _input_lengths(settings, state)
+        logger.info("workload the input fixes (%d rows sampled): %s",
+                    totals.input_lengths.rows_sampled, totals.input_lengths.describe())
     started = time.monotonic()
     monitor = FleetMonitor(settings.tuning.sample_interval_s,
                            settings.api_key.get_secret_value() if settings.api_key else None)
@@ -220,6 +225,13 @@ def _decide(settings: JobSettings, outcome: EpochOutcome, ctx: JobContext, tuner
         raise ServerStartFailed(f"servers failed to start and no earlier config worked: "
                                 f"{outcome.failure}", outcome.start_failure.handle, "")
     return decision
+
+
+def _input_lengths(settings: JobSettings, state: JobState) -> InputLengths:
+    """The lengths the rows fix, for the tuner's first predictions (infra/input_lengths.py)."""
+    plan = state.plan
+    return sample_lengths(Path(plan.input_path), plan.input_rows, plan.id_dtype,
+                          settings.sampling.max_new_tokens, settings.sampling.ignore_eos)
 
 
 def _pending_state(settings: JobSettings, out: Path, shards: list[int] | None) -> JobState:

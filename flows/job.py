@@ -16,6 +16,7 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
+from infra.input_lengths import InputLengths
 from infra.ledger import ManifestEntry
 from infra.settings import JobSettings
 from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
@@ -80,18 +81,30 @@ class RunTotals:
     capacities: list[Capacity] = field(default_factory=list)
     caps_by_epoch: dict[int, dict[str, int]] = field(default_factory=dict)  # for the report
     cycles: list[Cycle] = field(default_factory=list)
+    input_lengths: InputLengths | None = None  # what the rows fix (infra/input_lengths.py)
 
     def prefix_reuse(self) -> PrefixReuse | None:
         return PrefixReuse.measured(self.prompt_tokens, self.cached_tokens, self.tokens,
                                     self.primes_groups)
 
     def demand(self, avg_context: float) -> Demand:
-        """The job's rows as committed so far (mean uncached prompt and output tokens per
-        prompt), to predict committed rates; before any commit, the decode rate."""
-        if self.done <= 0 or self.tokens <= 0:
+        """The job's own workload, to predict committed rates: the prompt's uncached tokens as
+        committed so far, else as the token-id rows give them; the output's lengths as the
+        rows fix them (ignore_eos: mean and p99 of their max_new_tokens), else as committed
+        so far. With either unknown (text rows before the first commit), the decode rate."""
+        fixed = self.input_lengths
+        prompt = (max(1, round((self.prompt_tokens - self.cached_tokens) / self.done))
+                  if self.done > 0 and self.prompt_tokens > 0
+                  else fixed.prompt_tokens if fixed else None)
+        if fixed is not None and fixed.output_tokens is not None:
+            output, p99 = fixed.output_tokens, fixed.output_p99
+        elif self.done > 0 and self.tokens > 0:
+            output, p99 = max(1, round(self.tokens / self.done)), None
+        else:
             return Demand(avg_context)
-        prompt = max(1, round((self.prompt_tokens - self.cached_tokens) / self.done))
-        return Demand(avg_context, Workload(prompt, max(1, round(self.tokens / self.done))))
+        if prompt is None:
+            return Demand(avg_context)
+        return Demand(avg_context, Workload(prompt, output, p99))
 
 
 @dataclass(frozen=True)

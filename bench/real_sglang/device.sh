@@ -7,6 +7,10 @@
 #                                      once (kernel JIT and triton caches land in /tmp), run
 #                                      the live contract tests against it (input_ids)
 #   e2e ROWS   carry [".real-sglang"]  the restart cycle: job_27b_restart.toml, ROWS prompts
+#   e2elong ROWS carry [".real-sglang"] the long-output restart cycle: job_27b_long.toml, ROWS
+#                                      prompts with lognormal per-row max_new_tokens
+#   pools PLAN [NAME] carry [".real-sglang"] start-up pools of many configurations, each server
+#                                      killed once its pools are final (probe_pools.py)
 #   fleet      carry [".real-sglang"]  the tiny model alone (OpenAI answers, live contract
 #                                      tests with text and with the `openai` client), then 3
 #                                      servers on the one GPU
@@ -28,7 +32,7 @@
 # Results go to $OUT (at most 8 files come back): logs and tars of the output folders.
 set -uo pipefail
 D=/tmp/expdeps; ROOT=$PWD; RT=/tmp/real-sglang-rt
-export PYTHONUNBUFFERED=1 PREFECT_HOME=/tmp/prefect-home
+export PYTHONUNBUFFERED=1 PREFECT_HOME=/tmp/prefect-home PREFECT_UI_ENABLED=false
 # run.sh keeps its runtime next to the checkout, which does not survive between calls: the
 # same script with the runtime (and its JIT caches) in /tmp, and SGLang's own environment
 # for the pipeline's `python` setting.
@@ -88,6 +92,28 @@ e2e)
   PYTHONPATH=$D:$ROOT timeout 565 python3 -m expansion.cli run --config bench/real_sglang/job_27b_restart.toml \
     --prompts /tmp/p27.jsonl --output /tmp/e2e --set python=/tmp/sglpy 2>&1 | tee $OUT/e2e.log
   nvidia-smi > $OUT/nvidia-smi-after.txt 2>&1; tar -czf $OUT/e2e-output.tar.gz -C /tmp e2e
+  ;;
+e2elong)
+  need_deps
+  PYTHONPATH=$D:$ROOT python3 bench/real_sglang/make_prompts.py --rows "${2:-480}" \
+    --input-range 128 1024 --out-mean 800 --out-p99 4000 --out-max 4096 --out /tmp/p27long.jsonl
+  rm -rf /tmp/e2elong
+  PYTHONPATH=$D:$ROOT timeout "${3:-565}" python3 -m expansion.cli run --config bench/real_sglang/job_27b_long.toml \
+    --prompts /tmp/p27long.jsonl --output /tmp/e2elong --set python=/tmp/sglpy 2>&1 | tee $OUT/e2elong.log
+  tar -czf $OUT/e2elong-output.tar.gz --exclude='*.parquet' -C /tmp e2elong
+  PYTHONPATH=$D:$ROOT python3 - <<'PY' | tee $OUT/e2elong-rows.json
+import glob, json
+import polars as pl
+files = sorted(glob.glob("/tmp/e2elong/shards/*.parquet"))
+df = pl.concat([pl.read_parquet(f) for f in files]) if files else pl.DataFrame()
+print(json.dumps({"rows": df.height, "unique_ids": df["id"].n_unique() if files else 0,
+                  "columns": df.columns}))
+PY
+  ;;
+pools)
+  cp -r bench/real_sglang/models/. .real-sglang/models/
+  timeout 595 bash /tmp/run-sglang.sh python3 bench/real_sglang/probe_pools.py --plan "$2" \
+    --out $OUT --name "${3:-pools}" --budget-s "${4:-560}" 2>&1 | tee $OUT/${3:-pools}.log
   ;;
 fleet)
   need_deps; M=.real-sglang/models/tiny-qwen3-next; t0=$(date +%s)

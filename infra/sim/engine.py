@@ -120,6 +120,10 @@ class SimEngine:
         self._window_tokens = 0.0
         self._window_time = 0.0
         self._modeled_clock = 0.0
+        # SGLang's running_batch.batch_is_full: once an admission finds no room (or no free
+        # request slot), none is tried again until a request finishes or is retracted — a
+        # decaying new_token_ratio alone admits nothing (scheduler.py, 0.5.17)
+        self._batch_full = False
         self._anchor: tuple[float, float] | None = None  # (wall, modeled clock) pacing origin
         self.latencies = RequestLatencies()
         # Steps advanced per loop iteration at most. Unbounded, high time scales batch many
@@ -153,6 +157,8 @@ class SimEngine:
         batch reuses what an earlier one cached (under the overlap schedule, one before the
         last: real, a group of four 1,560-token prompts in two batches shared 2.7 %)."""
         plan = self.plan
+        if self._batch_full:
+            return 0
         room = plan.max_total_num_tokens - self._kv_used() - sum(
             r.reserve() * self.stats.new_token_ratio for r in self.running)
         prefill = cached_sum = 0
@@ -161,7 +167,10 @@ class SimEngine:
         chunk_tokens = 0
         previous: list[SimRequest] = []
         mamba_limit = plan.mamba_slots if plan.mamba_cap is not None else math.inf
-        while self.waiting and len(self.running) < plan.max_running_requests:
+        while self.waiting:
+            if len(self.running) >= plan.max_running_requests:
+                self._batch_full = True
+                break
             nxt = self.waiting[0]
             if nxt.future.cancelled():
                 self.waiting.popleft()
@@ -170,8 +179,10 @@ class SimEngine:
                       if not nxt.retractions else 0)
             need = nxt.prompt_tokens + int(nxt.generated) - cached + nxt.reserve() + 1
             if need > room and (self.running or batch):
+                self._batch_full = True
                 break
             if (len(self.running) + 1) * self._slots_per_request > mamba_limit:
+                self._batch_full = True
                 break
             self.waiting.popleft()
             nxt.admitted_at = self._modeled_clock
@@ -234,8 +245,9 @@ class SimEngine:
             retracted.append(req)
         for req in retracted:
             req.retractions += 1
-            self.waiting.appendleft(req)
+            self.waiting.append(req)  # SGLang: the back of the queue (FCFS, no sort)
         self.running = keep
+        self._batch_full = False
         self.stats.retracted_last = len(retracted)
         self.stats.retracted_total += len(retracted)
         written = sum(int(r.generated) for r in keep)
@@ -321,6 +333,8 @@ class SimEngine:
             self.stats.gen_throughput = self._window_tokens / max(self._window_time, 1e-9)
             self._log_decode()
             self._window_tokens = self._window_time = 0.0
+        if len(still) < len(self.running):
+            self._batch_full = False  # a request finished (or went away): try admitting again
         self.running = still
         self._publish()
 

@@ -102,17 +102,26 @@ def test_eviction_keeps_the_cache_within_the_pool() -> None:
     assert cache.match(token_bytes([9] * 1024)) == 1024
 
 
+ARRIVAL_GAP_S = 0.0005  # modeled seconds between the probe's clients' first requests
+
+
 async def closed_loop(eng: SimEngine, clients: int, requests: int, ignore_eos: bool) -> int:
     loop = asyncio.create_task(eng.run())
     rng = random.Random(clients)
     sem = asyncio.Semaphore(clients)
 
-    async def one() -> None:
+    async def one(i: int) -> None:
+        # The probe's clients reach SGLang over HTTP a little apart, not within one poll
+        # (96 over ~50 ms: about 15 decode steps of the tiny model), so SGLang admits the first
+        # ones alone and equal-length answers do not all finish in one step; a batch that
+        # finishes at once would be refilled at once, in lockstep, and never over-admit.
+        while eng._modeled_clock < ARRIVAL_GAP_S * min(i, clients):
+            await asyncio.sleep(0)
         async with sem:
             out = 1024 if ignore_eos else max(1, min(1024, int(rng.expovariate(1 / 450))))
             await eng.submit(64, out, 1024)
 
-    await asyncio.gather(*(one() for _ in range(requests)))
+    await asyncio.gather(*(one(i) for i in range(requests)))
     loop.cancel()
     return eng.stats.retracted_total
 
@@ -124,9 +133,11 @@ def test_retractions_per_request_as_real_sglang(clients: int, ignore_eos: bool) 
     138 per 313 at 96 with ignore_eos (every output runs to 1,024: thrashing)."""
     real = {(lv["clients"], lv["ignore_eos"]): lv["retracted"] / lv["completed"]
             for lv in json.loads((DATA / "limits-retract.results.json").read_text())["retract"]}
-    # a time scale at which the engine admits between decode chunks, as SGLang does per step
-    eng = engine("extra_buffer", 20.0, max_total_tokens=24576, max_running_requests=256,
+    # modeled time, one decode step per iteration: admission is tried between steps, as
+    # SGLang's scheduler does (and only after a request finished or was retracted)
+    eng = engine("extra_buffer", 1e7, max_total_tokens=24576, max_running_requests=256,
                  max_mamba_cache_size=1400)
+    eng.max_chunk_steps = 1
     sim = asyncio.run(closed_loop(eng, clients, 4 * clients, ignore_eos)) / (4 * clients)
     want = real[(clients, ignore_eos)]
     if want < 0.05:
