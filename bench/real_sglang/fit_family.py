@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from infra.sglang.flag_parser import parse_server_flags
+from infra.sglang.hf_config import profile_from_hf_config
 from infra.sglang.memory import plan_memory
 from infra.sglang.observe import parse_log
-from infra.sglang.profiles import GpuProfile, ModelProfile, gpu_profile, profile_from_hf_config
+from infra.sglang.profiles import GpuProfile, ModelProfile, gpu_profile
 from infra.sglang.roofline import CALIBRATION_FILE, build_roofline, calibration_for
 from infra.sglang.versions import parse_version
 

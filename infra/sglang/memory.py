@@ -85,12 +85,31 @@ def default_mem_fraction(gpu: GpuProfile, model: ModelProfile, flags: ServerFlag
     chunked, graph_bs = gpu_memory_defaults(gpu)
     chunked = flags.chunked_prefill_size or chunked
     reserved = 512 + 1.5 * max(chunked, 2048) + flags.tp_size / 8 * 1024 + 2 * graph_bs
+    if version.reserves_prefill_graph and prefill_graph_captured(model):
+        reserved += 8 * len(prefill_graph_sizes(chunked))
     if flags.speculative and not version.mrr_token_cap:
         reserved += 4 * 1024  # the April-era heuristic's EAGLE reserve
     if gpu.total_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     fraction = round((gpu.total_mib - reserved) / gpu.total_mib, 3)
     return round(fraction * model.vlm_mem_factor, 3)
+
+
+def prefill_graph_captured(model: ModelProfile) -> bool:
+    """Whether 0.5.17 captures a breakable prefill CUDA graph for this model: not for MLA,
+    NemotronH or multimodal models (server_args.py: _disable_breakable_cudagraph_if_incompatible;
+    multimodal ones unless allow-listed — left out here, as unmeasured)."""
+    if model.mla_kv_dim or model.vlm_mem_factor != 1.0:
+        return False
+    return not model.architecture.startswith("NemotronH")
+
+
+def prefill_graph_sizes(max_tokens: int) -> list[int]:
+    """The token counts SGLang captures prefill graphs for (up to chunked_prefill_size)."""
+    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
+             + list(range(576, 1025, 64)) + list(range(1280, 4097, 256))
+             + list(range(4608, max_tokens + 1, 512)))
+    return [s for s in sizes if s <= max_tokens]
 
 
 def resolve_strategy(model: ModelProfile, flags: ServerFlags,
@@ -100,7 +119,7 @@ def resolve_strategy(model: ModelProfile, flags: ServerFlags,
     if not model.hybrid:
         return "none", overlap
     strategy = flags.mamba_strategy
-    extra_ok = model.family == "gdn"  # 0.5.17: _MAMBA_EXTRA_BUFFER_ARCHS (GDN and KDA only)
+    extra_ok = model.extra_buffer_ok  # 0.5.17: GDN, KDA, Falcon-H1, Granite; not NemotronH, LFM2
     if strategy == "auto":
         wants_extra = overlap or (flags.page_size or 1) > 1
         strategy = ("extra_buffer" if version.auto_prefers_extra_buffer and wants_extra
@@ -155,8 +174,10 @@ def per_slot_bytes(model: ModelProfile, flags: ServerFlags) -> tuple[int, int]:
 def kv_cell_bytes(model: ModelProfile, flags: ServerFlags, version: SGLangVersion) -> int:
     """Bytes of KV cache per token across the full-attention layers on one GPU."""
     dtype_bytes = 1 if flags.kv_cache_dtype.startswith("fp8") else 2
-    heads = max(1, model.num_kv_heads // flags.tp_size)
     full = model.num_full_layers
+    if model.mla_kv_dim:  # MLA: one latent (kv_lora_rank + rope dims) per token, not per head
+        return model.mla_kv_dim * full * dtype_bytes
+    heads = max(1, model.num_kv_heads // flags.tp_size)
     cell = heads * (model.head_dim + model.v_head_dim) * full * dtype_bytes
     if flags.speculative and version.mrr_token_cap and model.draft_layers and full:
         cell = cell * (full + model.draft_layers) // full

@@ -94,7 +94,7 @@ def candidate_flags(model: ModelProfile, flags: ServerFlags, current: MemoryPlan
             more = int(flags.max_mamba_cache_size * 1.5)
             out.append((f"mamba slots {flags.max_mamba_cache_size}→{more}",
                         flags.with_changes(max_mamba_cache_size=more)))
-        if flags.mamba_ssm_dtype in (None, "float32"):
+        if flags.mamba_ssm_dtype in (None, "float32") and model.mamba and model.mamba.state_size:
             out.append(("bf16 SSM state", flags.with_changes(mamba_ssm_dtype="bfloat16")))
     if m + 0.05 <= MAX_MEM_FRACTION:
         out.append((f"mem fraction {m:.2f}→{m + 0.05:.2f}",

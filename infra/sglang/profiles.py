@@ -1,81 +1,21 @@
 """Built-in model and GPU profiles: the shapes the memory model and the simulator need.
 
 Model shapes follow ../shared/sglang-reference.md §3.1 (public HF configs); GPU totals are the
-`nvidia-smi` MiB figures SGLang reads. A HF `config.json` can stand in for a built-in model.
+`nvidia-smi` MiB figures SGLang reads. A HF `config.json` can stand in for a built-in model
+(hf_config.py reads it); the profile types themselves are in shapes.py.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
-GIB = 1 << 30
-MIB = 1 << 20
-
-
-@dataclass(frozen=True)
-class MambaShape:
-    """Per-layer linear-attention (GDN / Mamba2) state shape, in SGLang's Mamba2 terms."""
-
-    num_heads: int  # value heads (GDN) / mamba heads
-    head_dim: int  # value head dim
-    state_size: int  # key head dim (GDN) / ssm_state_size
-    n_groups: int  # key heads (GDN) / mamba n_groups
-    conv_kernel: int
-
-
-@dataclass(frozen=True)
-class ModelProfile:
-    """What the memory model and the simulator's roofline need to know about a model."""
-
-    name: str
-    architecture: str
-    num_layers: int
-    num_linear_layers: int  # 0 for a dense model
-    num_kv_heads: int
-    head_dim: int
-    v_head_dim: int
-    weights_gib: float  # resident target weights (incl. ViT/MTP head as loaded)
-    context_length: int
-    mamba: MambaShape | None = None
-    draft_layers: int = 1  # MTP next-n layers used by EAGLE/NEXTN
-    vlm_mem_factor: float = 1.0  # SGLang's multimodal mem_fraction_static multiplier
-    ssm_dtype_bytes: int = 4  # config mamba_ssm_dtype (float32 unless stated)
-    mtp_accept_len: float = 3.2  # typical accept length with steps 3 / topk 1
-    active_params_b: float = 0.0  # billions of parameters touched per token (for compute)
-
-    @property
-    def hybrid(self) -> bool:
-        return self.mamba is not None and self.num_linear_layers > 0
-
-    @property
-    def num_full_layers(self) -> int:
-        return self.num_layers - self.num_linear_layers
-
-    @property
-    def family(self) -> str:
-        """The kernels its linear layers run, which set their speed: `gdn` (Qwen3-Next,
-        Qwen3.5/3.6: gated delta net), `mamba2` (NemotronH), or `dense`."""
-        if not self.hybrid:
-            return "dense"
-        return "mamba2" if self.architecture.startswith("NemotronH") else "gdn"
-
-
-@dataclass(frozen=True)
-class GpuProfile:
-    """A GPU as SGLang sees it: total memory from nvidia-smi, plus roofline figures."""
-
-    name: str
-    total_mib: int
-    bandwidth_gbs: float  # HBM/GDDR bandwidth, GB/s
-    bf16_tflops: float
-    context_gib: float = 1.0  # CUDA context + NCCL, charged before weights load
-
-    @property
-    def total_gib(self) -> float:
-        return self.total_mib * MIB / GIB
-
+from infra.sglang.hf_config import profile_from_hf_config
+from infra.sglang.shapes import GIB as GIB
+from infra.sglang.shapes import MIB as MIB
+from infra.sglang.shapes import GpuProfile as GpuProfile
+from infra.sglang.shapes import MambaShape
+from infra.sglang.shapes import ModelProfile as ModelProfile
 
 _QWEN35_27B_MAMBA = MambaShape(num_heads=48, head_dim=128, state_size=128, n_groups=16,
                                conv_kernel=4)
@@ -152,84 +92,3 @@ def model_profile(name_or_path: str, weights_gib: float | None = None) -> ModelP
         )
     profile = MODELS[key]
     return replace(profile, weights_gib=weights_gib) if weights_gib else profile
-
-
-def profile_from_hf_config(path: Path, weights_gib: float | None = None) -> ModelProfile:
-    """Read the shapes SGLang uses from a HF config (Qwen3-Next/3.5/3.6, NemotronH, dense)."""
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"model: cannot read {path}: {exc}") from exc
-    cfg = raw.get("text_config", raw)
-    if weights_gib is None:
-        weights_gib = _weights_from_index(path.parent)
-    if weights_gib is None:
-        raise ValueError(
-            f"model: {path} gives no weight size; pass --weights-gib (GiB of weights per GPU "
-            "at TP1) or put model.safetensors.index.json next to it"
-        )
-    try:
-        layers = int(cfg["num_hidden_layers"])
-        arch = (raw.get("architectures") or ["unknown"])[0]
-        head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
-        kv_heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
-        mamba: MambaShape | None = None
-        linear = 0
-        if "linear_num_value_heads" in cfg:
-            interval = int(cfg.get("full_attention_interval", 4))
-            types = cfg.get("layer_types")
-            linear = (sum(1 for t in types if t != "full_attention") if types
-                      else sum(1 for i in range(layers) if (i + 1) % interval != 0))
-            mamba = MambaShape(
-                num_heads=int(cfg["linear_num_value_heads"]),
-                head_dim=int(cfg["linear_value_head_dim"]),
-                state_size=int(cfg["linear_key_head_dim"]),
-                n_groups=int(cfg["linear_num_key_heads"]),
-                conv_kernel=int(cfg["linear_conv_kernel_dim"]),
-            )
-        elif "hybrid_override_pattern" in cfg:  # NemotronH: M = mamba, * = attention
-            pattern = str(cfg["hybrid_override_pattern"])
-            linear = pattern.count("M")
-            mamba = MambaShape(
-                num_heads=int(cfg["mamba_num_heads"]),
-                head_dim=int(cfg["mamba_head_dim"]),
-                state_size=int(cfg["ssm_state_size"]),
-                n_groups=int(cfg["n_groups"]),
-                conv_kernel=int(cfg["conv_kernel"]),
-            )
-            layers = linear + pattern.count("*")
-        ssm_dtype = str(cfg.get("mamba_ssm_dtype", raw.get("mamba_ssm_dtype", "float32")))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"model: {path} lacks or mangles field {exc}; is it a HF config?") from exc
-    return ModelProfile(
-        name=str(raw.get("_name_or_path") or path.parent.name),
-        architecture=arch,
-        num_layers=layers,
-        num_linear_layers=linear,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        v_head_dim=head_dim,
-        weights_gib=weights_gib,
-        context_length=int(cfg.get("max_position_embeddings", 32768)),
-        mamba=mamba,
-        draft_layers=int(cfg.get("mtp_num_hidden_layers", cfg.get("num_nextn_predict_layers", 0))),
-        vlm_mem_factor=0.925 if "vision_config" in raw else 1.0,
-        ssm_dtype_bytes=2 if ssm_dtype in ("bfloat16", "float16") else 4,
-        # Dense: every bf16 weight is touched per token. MoE: unknown from the config alone.
-        active_params_b=0.0 if _is_moe(cfg) else weights_gib * GIB / 2 / 1e9,
-    )
-
-
-def _is_moe(cfg: dict[str, object]) -> bool:
-    return any(cfg.get(k) for k in ("num_experts", "n_routed_experts", "num_local_experts"))
-
-
-def _weights_from_index(folder: Path) -> float | None:
-    index = folder / "model.safetensors.index.json"
-    if not index.is_file():
-        return None
-    try:
-        total = json.loads(index.read_text())["metadata"]["total_size"]
-    except (KeyError, json.JSONDecodeError, TypeError):
-        return None
-    return float(total) / GIB

@@ -43,6 +43,10 @@ class SGLangVersion:
     # A running request's prefix state stays locked in the radix tree (one more live state
     # per request in `mamba num`): seen on 0.5.17, not in seed 000's older build.
     locks_prefix_state: bool = False
+    # A breakable prefill CUDA graph is captured by default, and the default
+    # mem_fraction_static reserves 8 MB per captured size for it: seen on 0.5.17 (0.903 on the
+    # H200 for Falcon-H1, Granite and LFM2; 0.907 for Kimi-Linear, whose MLA turns it off).
+    reserves_prefill_graph: bool = False
 
     @property
     def strategy_flag(self) -> str | None:
@@ -100,7 +104,8 @@ def parse_version(text: str) -> SGLangVersion:
         )
     release = RELEASE_DATES[max(known)]
     return SGLangVersion(raw, release, is_0523_or_newer=key >= (0, 5, 23),
-                         pads_mamba_pool=key >= (0, 5, 17), locks_prefix_state=key >= (0, 5, 17))
+                         pads_mamba_pool=key >= (0, 5, 17), locks_prefix_state=key >= (0, 5, 17),
+                         reserves_prefill_graph=key >= (0, 5, 17))
 
 
 def installed_version() -> SGLangVersion | None:

@@ -1,0 +1,213 @@
+"""A model profile read from a HF `config.json`, the way SGLang 0.5.17 reads each family.
+
+Which layers hold state and how big one request's state is comes from SGLang's own config
+classes (`srt/configs/*.py`: `mamba2_cache_params`, `full_attention_layer_ids`), family by
+family: Qwen3-Next and Qwen3.5/3.6 (GDN), NemotronH (Mamba2; its pattern string or, as
+Nemotron 3 writes it, a `layers_block_type` list), Falcon-H1 (Mamba2 and attention in every
+layer), Granite 4.0 hybrids (Mamba2 by `layer_types`), LFM2 (short convolutions: a conv window,
+no SSM state) and Kimi-Linear (KDA layers, MLA attention). Checked against the pools real
+SGLang allocated on the H200 (tests/unit/test_real_families.py). A config that names state
+layers in a way none of these readers knows is refused, never planned as a dense model: a
+dense plan of a hybrid is a confident, wrong cap.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from infra.sglang.shapes import GIB, MambaShape, ModelProfile
+
+# Fields that only a model with state layers has: seen in a config no reader claims, they
+# mean a hybrid the planner cannot size.
+STATE_FIELDS = ("mamba_d_state", "ssm_state_size", "mamba_num_heads", "mamba_n_heads",
+                "linear_attn_config", "linear_num_value_heads", "hybrid_override_pattern",
+                "conv_L_cache", "layers_block_type", "mamba_d_ssm", "conv_kernel")
+
+
+@dataclass(frozen=True)
+class StateLayers:
+    """What a family reader finds: the state layers, their shape, the attention layers."""
+
+    linear: int
+    shape: MambaShape
+    attention: int
+    extra_buffer_ok: bool = True
+    mla_kv_dim: int = 0
+
+
+def _gdn(cfg: dict[str, Any]) -> StateLayers:
+    layers = int(cfg["num_hidden_layers"])
+    types = cfg.get("layer_types")
+    interval = int(cfg.get("full_attention_interval", 4))
+    linear = (sum(1 for t in types if t != "full_attention") if types
+              else sum(1 for i in range(layers) if (i + 1) % interval != 0))
+    shape = MambaShape(num_heads=int(cfg["linear_num_value_heads"]),
+                       head_dim=int(cfg["linear_value_head_dim"]),
+                       state_size=int(cfg["linear_key_head_dim"]),
+                       n_groups=int(cfg["linear_num_key_heads"]),
+                       conv_kernel=int(cfg["linear_conv_kernel_dim"]))
+    return StateLayers(linear, shape, layers - linear)
+
+
+def _first(cfg: dict[str, Any], *names: str) -> Any:
+    """The first of these spellings the config has (KeyError naming the first otherwise)."""
+    for name in names:
+        if name in cfg:
+            return cfg[name]
+    raise KeyError(names[0])
+
+
+def _nemotron_h(cfg: dict[str, Any]) -> StateLayers:
+    """M = mamba, * = attention, - / E = MLP or MoE (no state, no KV); Nemotron 3 lists the
+    same as `layers_block_type` words. SGLang's own spellings (mamba_n_groups, mamba_d_conv)
+    are read too."""
+    if "hybrid_override_pattern" in cfg:
+        pattern = str(cfg["hybrid_override_pattern"])
+    else:
+        words = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+        pattern = "".join(words[str(w)] for w in cfg["layers_block_type"])
+    shape = MambaShape(num_heads=int(cfg["mamba_num_heads"]),
+                       head_dim=int(cfg["mamba_head_dim"]),
+                       state_size=int(cfg["ssm_state_size"]),
+                       n_groups=int(_first(cfg, "n_groups", "mamba_n_groups")),
+                       conv_kernel=int(_first(cfg, "conv_kernel", "mamba_d_conv")))
+    return StateLayers(pattern.count("M"), shape, pattern.count("*"), extra_buffer_ok=False)
+
+
+def _mamba2_shape(cfg: dict[str, Any], intermediate: int) -> MambaShape:
+    heads = int(cfg["mamba_n_heads"])
+    head_dim = cfg.get("mamba_d_head", "auto")
+    return MambaShape(num_heads=heads,
+                      head_dim=intermediate // heads if head_dim == "auto" else int(head_dim),
+                      state_size=int(cfg["mamba_d_state"]),
+                      n_groups=int(cfg.get("mamba_n_groups", 1)),
+                      conv_kernel=int(cfg.get("mamba_d_conv", 4)))
+
+
+def _falcon_h1(cfg: dict[str, Any]) -> StateLayers:
+    """Every layer runs attention and Mamba2 side by side (FalconH1Config)."""
+    layers = int(cfg["num_hidden_layers"])
+    d_ssm = cfg.get("mamba_d_ssm")
+    intermediate = int(d_ssm) if d_ssm else int(cfg.get("mamba_expand", 2)) * int(
+        cfg["hidden_size"])
+    return StateLayers(layers, _mamba2_shape(cfg, intermediate), layers)
+
+
+def _granite_hybrid(cfg: dict[str, Any]) -> StateLayers:
+    layers = int(cfg["num_hidden_layers"])
+    types = cfg.get("layer_types") or ["attention" if (i + 1) % 6 == 0 else "mamba"
+                                       for i in range(layers)]
+    mamba = sum(1 for t in types if t == "mamba")
+    intermediate = int(cfg.get("mamba_expand", 2)) * int(cfg["hidden_size"])
+    return StateLayers(mamba, _mamba2_shape(cfg, intermediate), layers - mamba)
+
+
+def _lfm2(cfg: dict[str, Any]) -> StateLayers:
+    """Short-conv layers keep a conv window of the hidden size, no SSM state (Lfm2Config)."""
+    types = [str(t) for t in cfg["layer_types"]]
+    conv = sum(1 for t in types if t in ("conv", "short_conv"))
+    shape = MambaShape(num_heads=1, head_dim=int(cfg["hidden_size"]), state_size=0,
+                       n_groups=1, conv_kernel=int(cfg["conv_L_cache"]))
+    return StateLayers(conv, shape, sum(1 for t in types if t == "full_attention"),
+                       extra_buffer_ok=False)
+
+
+def _kimi_linear(cfg: dict[str, Any]) -> StateLayers:
+    """KDA layers (1-based `kda_layers`) keep conv windows for q, k and v and a head_dim²
+    state per head; the others are MLA, caching kv_lora_rank + rope dims per token."""
+    linear = cfg["linear_attn_config"]
+    heads, head_dim = int(linear["num_heads"]), int(linear["head_dim"])
+    kda = sum(1 for i in range(int(cfg["num_hidden_layers"])) if i + 1 in linear["kda_layers"])
+    shape = MambaShape(num_heads=heads, head_dim=head_dim, state_size=head_dim,
+                       n_groups=heads, conv_kernel=int(linear.get("short_conv_kernel_size", 4)))
+    mla = int(cfg["kv_lora_rank"]) + int(cfg["qk_rope_head_dim"])
+    return StateLayers(kda, shape, int(cfg["num_hidden_layers"]) - kda, mla_kv_dim=mla)
+
+
+READERS: dict[str, Callable[[dict[str, Any]], StateLayers]] = {
+    "NemotronHForCausalLM": _nemotron_h, "NemotronHPuzzleForCausalLM": _nemotron_h,
+    "FalconH1ForCausalLM": _falcon_h1, "GraniteMoeHybridForCausalLM": _granite_hybrid,
+    "Lfm2ForCausalLM": _lfm2, "Lfm2MoeForCausalLM": _lfm2,
+    "KimiLinearForCausalLM": _kimi_linear,
+}
+
+
+def _state_layers(arch: str, cfg: dict[str, Any], path: Path) -> StateLayers | None:
+    if arch in READERS:
+        found = READERS[arch](cfg)
+        return found if found.linear else None  # e.g. a Granite config of attention only
+    if "linear_num_value_heads" in cfg:
+        return _gdn(cfg)
+    if "hybrid_override_pattern" in cfg:
+        return _nemotron_h(cfg)
+    stated = [f for f in STATE_FIELDS if f in cfg]
+    if stated:
+        raise ValueError(
+            f"model: {path}: {arch} has state layers (field {stated[0]}) of a family the "
+            f"planner does not read; it reads {', '.join(sorted(READERS))} and the Qwen3-Next/"
+            "3.5/3.6 GDN configs — planning it as dense would give a wrong cap")
+    return None
+
+
+def profile_from_hf_config(path: Path, weights_gib: float | None = None) -> ModelProfile:
+    """Read the shapes SGLang uses from a HF config: the families above, or a dense model."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"model: cannot read {path}: {exc}") from exc
+    cfg = raw.get("text_config", raw)
+    if weights_gib is None:
+        weights_gib = _weights_from_index(path.parent)
+    if weights_gib is None:
+        raise ValueError(
+            f"model: {path} gives no weight size; pass --weights-gib (GiB of weights per GPU "
+            "at TP1) or put model.safetensors.index.json next to it"
+        )
+    arch = str((raw.get("architectures") or ["unknown"])[0])
+    try:
+        layers = int(cfg["num_hidden_layers"])
+        head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+        kv_heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+        state = _state_layers(arch, cfg, path)
+        ssm_dtype = str(cfg.get("mamba_ssm_dtype", raw.get("mamba_ssm_dtype", "float32")))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"model: {path} lacks or mangles field {exc}; is it a HF config?") from exc
+    return ModelProfile(
+        name=str(raw.get("_name_or_path") or path.parent.name),
+        architecture=arch,
+        num_layers=layers,
+        num_linear_layers=state.linear if state else 0,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        v_head_dim=head_dim,
+        weights_gib=weights_gib,
+        context_length=int(cfg.get("max_position_embeddings", 32768)),
+        mamba=state.shape if state else None,
+        draft_layers=int(cfg.get("mtp_num_hidden_layers", cfg.get("num_nextn_predict_layers", 0))),
+        vlm_mem_factor=0.925 if "vision_config" in raw else 1.0,
+        ssm_dtype_bytes=2 if ssm_dtype in ("bfloat16", "float16") else 4,
+        # Dense: every bf16 weight is touched per token. MoE: unknown from the config alone.
+        active_params_b=0.0 if _is_moe(cfg) else weights_gib * GIB / 2 / 1e9,
+        attention_layers=state.attention if state else None,
+        mla_kv_dim=state.mla_kv_dim if state else 0,
+        extra_buffer_ok=state.extra_buffer_ok if state else True,
+    )
+
+
+def _is_moe(cfg: dict[str, Any]) -> bool:
+    return any(cfg.get(k) for k in ("num_experts", "n_routed_experts", "num_local_experts"))
+
+
+def _weights_from_index(folder: Path) -> float | None:
+    index = folder / "model.safetensors.index.json"
+    if not index.is_file():
+        return None
+    try:
+        total = json.loads(index.read_text())["metadata"]["total_size"]
+    except (KeyError, json.JSONDecodeError, TypeError):
+        return None
+    return float(total) / GIB

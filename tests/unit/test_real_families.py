@@ -1,0 +1,127 @@
+"""Every hybrid family SGLang 0.5.17 serves, planned as it allocates on the H200
+(bench/real_sglang/data/2026-12-02-h200-s9/pools/, from `device.sh pools`: probe_pools.py
+started each server with dummy weights and the family's public shapes from
+bench/real_sglang/models/, and read its pools from the start-up log).
+
+Granite and LFM2 crashed after allocating their pools (the triton attention backend cannot
+start Granite's first, mamba, layer; this runtime's sgl_kernel has no FA3 for LFM2's): their
+pools are real, their cap is the log's mamba cap line (Granite) or unread (LFM2)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.sglang.flag_parser import parse_server_flags
+from infra.sglang.memory import plan_memory
+from infra.sglang.profiles import gpu_profile, model_profile
+from infra.sglang.versions import parse_version
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "bench" / "real_sglang" / "data" / "2026-12-02-h200-s9" / "pools"
+MODELS = ROOT / "bench" / "real_sglang" / "models"
+H200 = gpu_profile("h200")
+V0517 = parse_version("0.5.17")
+
+
+@cache
+def probes() -> dict[str, dict[str, Any]]:
+    return {r["model"] + "/" + ("default" if "default" in r["name"] else "changed"): r
+            for r in json.loads((DATA / "results.json").read_text())}
+
+
+def logged(record: dict[str, Any], pattern: str) -> str:
+    text = gzip.decompress((DATA / f"{record['name']}.log.gz").read_bytes()).decode()
+    match = re.search(pattern, text)
+    assert match, pattern
+    return match.group(1)
+
+
+def plan_for(key: str) -> tuple[Any, dict[str, Any]]:
+    record = probes()[key]
+    argv = list(record["flags"])
+    while "--attention-backend" in argv:  # a kernel choice, not a pool
+        at = argv.index("--attention-backend")
+        del argv[at:at + 2]
+    weights = float(logged(record, r"Load weight end\..*?mem usage=([\d.]+) GB"))
+    model = model_profile(str(MODELS / record["model"]), weights)
+    return plan_memory(model, H200, parse_server_flags(argv), V0517), record
+
+
+CASES = ["falcon-h1-0.5b/default", "falcon-h1-0.5b/changed", "granite-4.0-h-1b/default",
+         "kimi-linear-48b-a3b/default", "lfm2-1.2b/default"]
+
+
+@pytest.mark.parametrize("key", CASES)
+def test_the_plan_gives_the_pools_real_sglang_allocated(key: str) -> None:
+    plan, real = plan_for(key)
+    assert plan.max_total_num_tokens == pytest.approx(int(logged(real, r"#tokens: (\d+)")),
+                                                      rel=0.01)
+    slots = int(logged(real, r"max_mamba_cache_size: (\d+)"))
+    # An LFM2 slot is 80 KiB, and the log gives the weights to 0.01 GB: ±64 slots of slack
+    assert abs(plan.mamba_slots - slots) <= (64 if key.startswith("lfm2") else 1)
+    assert plan.ssm_state_gib == pytest.approx(float(logged(real, r"ssm_state size: ([\d.]+)GB")),
+                                               abs=0.05)
+    assert plan.mem_fraction_static == float(logged(real, r"mem_fraction_static=([\d.]+)"))
+    strategy = logged(real, r"mamba_radix_cache_strategy='(\w+)'")
+    assert plan.mamba_strategy == strategy
+
+
+@pytest.mark.parametrize("key", ["falcon-h1-0.5b/default", "falcon-h1-0.5b/changed",
+                                 "granite-4.0-h-1b/default", "kimi-linear-48b-a3b/default"])
+def test_the_cap_is_the_one_real_sglang_resolved(key: str) -> None:
+    plan, real = plan_for(key)
+    cap = real.get("max_running_requests") or real["mamba_capped_to"]
+    assert plan.max_running_requests == cap
+    assert plan.binding_limit == "mamba"
+
+
+def test_each_family_reads_its_own_state_layers() -> None:
+    """Falcon-H1: mamba and attention in all 36 layers; Granite: 36 mamba of 40; LFM2: 10
+    conv layers and no SSM state; Kimi-Linear: 20 KDA layers of 27, MLA on the other 7."""
+    shapes = {name: model_profile(str(MODELS / name), 1.0) for name in
+              ("falcon-h1-0.5b", "granite-4.0-h-1b", "lfm2-1.2b", "kimi-linear-48b-a3b")}
+    got = {k: (m.num_linear_layers, m.num_full_layers, m.family, m.extra_buffer_ok)
+           for k, m in shapes.items()}
+    assert got == {"falcon-h1-0.5b": (36, 36, "mamba2", True),
+                   "granite-4.0-h-1b": (36, 4, "mamba2", True),
+                   "lfm2-1.2b": (10, 6, "conv", False),
+                   "kimi-linear-48b-a3b": (20, 7, "gdn", True)}
+    lfm2 = shapes["lfm2-1.2b"].mamba
+    assert lfm2 is not None and lfm2.state_size == 0
+    assert shapes["kimi-linear-48b-a3b"].mla_kv_dim == 512 + 64
+
+
+def test_nemotron_3_block_lists_and_sglang_spellings_plan_like_the_pattern(
+        tmp_path: Path) -> None:
+    """Nemotron 3 lists its layers as words; SGLang's config calls n_groups and conv_kernel
+    mamba_n_groups and mamba_d_conv. Both read to the plan of the pattern form."""
+    cfg = json.loads((MODELS / "nemotron-3-nano-4b" / "config.json").read_text())
+    words = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+    listed = {k: v for k, v in cfg.items() if k not in ("hybrid_override_pattern", "n_groups",
+                                                       "conv_kernel")}
+    listed |= {"layers_block_type": [words[c] for c in cfg["hybrid_override_pattern"]],
+               "mamba_n_groups": cfg["n_groups"], "mamba_d_conv": cfg["conv_kernel"]}
+    (tmp_path / "config.json").write_text(json.dumps(listed))
+    flags = parse_server_flags(["--mem-fraction-static", "0.9"])
+    want = plan_memory(model_profile(str(MODELS / "nemotron-3-nano-4b"), 7.47), H200, flags,
+                       V0517)
+    got = plan_memory(model_profile(str(tmp_path), 7.47), H200, flags, V0517)
+    assert (got.mamba_slots, got.max_running_requests, got.max_total_num_tokens) == (
+        want.mamba_slots, want.max_running_requests, want.max_total_num_tokens)
+
+
+def test_a_hybrid_the_planner_cannot_read_is_refused_never_planned_dense(
+        tmp_path: Path) -> None:
+    cfg = {"architectures": ["JambaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "mamba_d_state": 16}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"JambaForCausalLM has state layers \(field "
+                                         r"mamba_d_state\).*wrong cap"):
+        model_profile(str(tmp_path), 10.0)
