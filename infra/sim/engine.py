@@ -5,12 +5,12 @@ running request) and KV room for it are free. Room is judged as SGLang 0.5.17 do
 (schedule_policy.py): the new request's uncached prompt plus all of its max_new_tokens (at
 most 4,096), against the free pool less what the running requests are expected to still
 write — their remaining max_new_tokens × `new_token_ratio`, a ratio that starts at 0.7 and
-decays to 0.098 over 600 decode steps. That admits more than the pool sustains when outputs
-run long, and decode then *retracts*: the requests with the fewest output tokens go back to
-the queue (to be prefilled again, output included) until the next step fits, and the ratio
-jumps to what the remaining ones have written. Measured on the H200 with a 24,576-token pool
-and 64 + ≤1,024-token requests: none at 32 clients, 11 at 96, 138 in 35 s at 96 with
-ignore_eos (bench/real_sglang/data/2026-12-01-h200-s6/).
+decays to 0.098 over 600 decode steps; after one finds no room, none is tried until a request
+finishes. That admits more than the pool sustains when outputs run long, and decode then
+*retracts*: the requests with the fewest output tokens go to the back of the queue (to be
+prefilled again, output included) until the next step fits, and the ratio jumps to what the
+rest have written. Held to real runs on the H200: 10 retractions of 150 long rows (replay 11),
+138 in 35 s of 64 + 1,024-token rows at 96 clients (bench/real_sglang/data/, s6 and s9).
 Prompts reuse cached prefixes as the mamba strategy allows (infra/sim/prefix_cache.py).
 Each loop iteration advances all running requests by a chunk of decode steps, sleeping the
 modeled time divided by the time scale.
@@ -120,9 +120,8 @@ class SimEngine:
         self._window_tokens = 0.0
         self._window_time = 0.0
         self._modeled_clock = 0.0
-        # SGLang's running_batch.batch_is_full: once an admission finds no room (or no free
-        # request slot), none is tried again until a request finishes or is retracted — a
-        # decaying new_token_ratio alone admits nothing (scheduler.py, 0.5.17)
+        # SGLang's batch_is_full: after an admission found no room, none is tried until a
+        # request finishes or is retracted (a decaying new_token_ratio alone admits nothing)
         self._batch_full = False
         self._anchor: tuple[float, float] | None = None  # (wall, modeled clock) pacing origin
         self.latencies = RequestLatencies()

@@ -119,6 +119,23 @@ def keep_memory(candidate: ServerFlags, flags: ServerFlags) -> ServerFlags:
     return candidate.with_changes(**{f: getattr(flags, f) for f in MEMORY_FIELDS})
 
 
+def fit_to_kv(label: str, candidate: ServerFlags, plan: MemoryPlan, demand: Demand,
+              model: ModelProfile, gpu: GpuProfile, version: SGLangVersion,
+              ) -> tuple[str, ServerFlags, MemoryPlan]:
+    """The candidate with the cap its KV pool holds: cap × (prompt + expected output) must
+    fit, or SGLang admits more than it can finish and retracts (re-prefilling each retracted
+    request, output included). Unchanged without a known workload, or when it fits."""
+    if demand.workload is None:
+        return label, candidate, plan
+    per_request = demand.workload.prompt_tokens + demand.workload.output_tokens
+    fit = max(1, plan.max_total_num_tokens // per_request)
+    if fit >= plan.max_running_requests:
+        return label, candidate, plan
+    capped = candidate.with_changes(max_running_requests=fit)
+    return (f"{label}, capped at {fit} (what the KV pool holds at {per_request:,} tokens a "
+            "request)", capped, plan_memory(model, gpu, capped, version))
+
+
 def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
             model: ModelProfile, gpu: GpuProfile, version: SGLangVersion, tried: set[str],
             mem_ceiling: float = MAX_MEM_FRACTION, demand: Demand = DECODE_RATE,
@@ -159,6 +176,8 @@ def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
             continue
         try:
             plan = plan_memory(model, gpu, candidate, version)
+            label, candidate, plan = fit_to_kv(label, candidate, plan, demand, model, gpu,
+                                               version)
         except PoolsDoNotFit:
             continue
         tok_s = demand.tok_s_per_gpu(model, gpu, candidate, plan, version)

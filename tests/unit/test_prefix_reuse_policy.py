@@ -70,3 +70,30 @@ def test_mamba_share_moves_stop_at_the_settings_limit() -> None:
     big = EB.with_changes(mamba_strategy="no_buffer", mamba_full_memory_ratio=9.0)
     p = propose(Diagnosis("mamba-bound", "", 500.0), big, None, FP8, RTX, V, tried=set())
     assert p is None or (p.flags.mamba_full_memory_ratio or 0) <= 10.0
+
+
+def test_a_move_is_proposed_with_the_cap_its_kv_pool_holds_for_the_jobs_lengths() -> None:
+    """1,000-token answers on a 24,576-token KV pool: a move's cap times what each request
+    ends up holding must fit the pool, else SGLang admits more than it can finish and
+    retracts; such a move is proposed with the cap the pool holds (#26, over-admission)."""
+    from pathlib import Path
+
+    from infra.sglang.memory import plan_memory
+    from infra.sglang.planner import Demand
+    from infra.sim.predict import Workload
+
+    tiny = model_profile(str(Path(__file__).parents[1] / "fixtures/models/tiny-qwen3-next"),
+                         0.04)
+    h200 = gpu_profile("h200")
+    flags = ServerFlags(mamba_strategy="extra_buffer", mem_fraction_static=0.2,
+                        max_total_tokens=24576, max_mamba_cache_size=50)  # cap 10
+    diag = Diagnosis("mamba-bound", "", 500.0)
+    moved = propose(diag, flags, None, tiny, h200, V, tried=set(),
+                    demand=Demand(workload=Workload(64, 1000)))
+    assert moved is not None and "capped at 23 (what the KV pool holds" in moved.reason
+    plan = plan_memory(tiny, h200, moved.flags, V)
+    assert plan.max_running_requests == moved.flags.max_running_requests == 23
+    assert plan.max_running_requests * 1064 <= plan.max_total_num_tokens
+    short = propose(diag, flags, None, tiny, h200, V, tried=set(),
+                    demand=Demand(workload=Workload(64, 16)))
+    assert short is not None and "capped at" not in short.reason  # short answers fit
