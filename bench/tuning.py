@@ -1,6 +1,7 @@
 """How well restart-on-regression tunes a simulated fleet, against an exhaustive sweep.
 
     python bench/tuning.py --scenario seed-000      (seed-004, canary-4, h200-27b)
+    python bench/tuning.py --scenario long-mixed --seed 1
 
 Runs the `generate` flow on simulated servers in the scenario's starting configuration,
 lets the tuning loop work, then compares the final measured throughput with the best of an
@@ -9,6 +10,17 @@ pacing model, `predict_tok_s`). Ends with one JSON line: the gain, ratio_to_best
 restarts (tuning cycles and server restarts), the lowest fleet throughput during a cycle as
 a fraction of before (a canary keeps N−1 of N servers generating; a whole-fleet restart
 stops all: 0), and the prediction error of the move that was kept.
+
+`long-mixed` is the job the seeds describe: the Qwen3.6-27B shapes on H200s from the seeds'
+extra_buffer start, answers of a reasoning model (lognormal lengths, mean 2,000 and p99
+16,000 tokens, `--seed` picks the prompts and so the lengths). Its sweep scores every
+configuration by the committed rate for that workload (the replay, infra/sim/predict.py),
+not the decode rate, and its line adds `retractions` (the fleet's, from the server logs) and
+`wrong_decisions`: canary verdicts the simulator's own steady rates contradict (a rollback of
+a configuration that commits more than the one kept, a rollout of one that commits less).
+With answers this long the last ledger reading covers the job's tail, so `ratio_to_best` and
+`prediction_error` are judged against those steady rates too (bench/long_mixed.py), and the
+line keeps the measured `final_tok_s` beside `final_true_tok_s`.
 """
 
 from __future__ import annotations
@@ -42,6 +54,13 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "max_new_tokens": 200, "prompts": 6000, "gpus": 2, "concurrency": None,
         "server": {"mamba_strategy": "extra_buffer", "mem_fraction_static": 0.9,
                    "mamba_full_memory_ratio": 0.3},
+    },
+    "long-mixed": {  # a reasoning model's training-data job (#26): long answers, spread wide
+        "model": str(ROOT / "tests" / "fixtures" / "models" / "qwen3.6-27b-text"),
+        "weights_gib": 50.16, "gpu": "h200", "version": "0.5.17", "time_scale": 10.0,
+        "max_new_tokens": 32768, "prompts": 3200, "gpus": 2, "concurrency": None,
+        "server": {"mamba_strategy": "extra_buffer"}, "prompt_bytes": 2048,
+        "output_mean": 2000, "output_p99": 16000,
     },
     "seed-004": {
         "model": "Qwen/Qwen3.6-27B", "gpu": "b200", "version": "main",
@@ -105,6 +124,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=None,
                     help="job size (default: the scenario's); a restart has to pay for itself "
                          "over the work left, so a longer job lets smaller gains through")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="varies the prompts, and with them the simulated answers' lengths")
     ap.add_argument("--time-scale", type=float, default=None,
                     help="sim.time_scale (default: the scenario's); lower = fewer requests per "
                          "wall second, so a small box's CPUs bias the readings less")
@@ -124,8 +145,11 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         prompts = Path(tmp) / "p.jsonl"
-        prompts.write_text("".join(json.dumps({"id": f"b{i}", "prompt": f"bench {i}"}) + "\n"
-                                   for i in range(sc["prompts"])))
+        pad = "x" * sc.get("prompt_bytes", 0)
+        seed = f"{args.seed} " if args.seed else ""
+        prompts.write_text("".join(
+            json.dumps({"id": f"b{i}", "prompt": f"bench {seed}{i} {pad}"}) + "\n"
+            for i in range(sc["prompts"])))
         out = Path(tmp) / "out"
         overrides = {"sim.gpu": sc["gpu"], "sim.time_scale": sc["time_scale"],
                      "sim.startup_s": 0.5, "sglang_version": sc["version"],
@@ -137,17 +161,31 @@ def main() -> None:
             overrides.update(weights_gib=sc["weights_gib"], gpu_type=sc["gpu"])
         if args.canary_servers is not None:
             overrides["tuning.canary_servers"] = args.canary_servers
+        if sc.get("output_mean"):
+            overrides.update({"sim.output_mean_tokens": sc["output_mean"],
+                              "sim.output_p99_tokens": sc["output_p99"]})
         summary = generate(prompts=str(prompts), output=str(out), model=sc["model"],
                            gpus=list(range(gpus)), overrides=overrides)
         entries = [e for e in TuningLedger(out / "tuning.jsonl").entries()
                    if e.outcome == "measured" and e.tok_s_per_gpu]
-    print(json.dumps(result_line(args.scenario, gpus, sc, summary, entries)))
+        line = result_line(args.scenario, gpus, sc, summary, entries)
+        if sc.get("output_mean"):
+            from long_mixed import judged_against_truth, retractions
+
+            line.update(seed=args.seed, retractions=retractions(out / "servers"),
+                        **judged_against_truth(sc, summary, line["best_sweep_tok_s"]))
+    print(json.dumps(line))
 
 
 def result_line(name: str, gpus: int, sc: dict, summary: dict, entries: list) -> dict:
     """The benchmark's JSON line from the run's summary and tuning ledger."""
     start, final = entries[0].tok_s_per_gpu or 0.0, entries[-1].tok_s_per_gpu or 0.0
-    best_tok, best_flags = sweep(sc, 2048.0)
+    if sc.get("output_mean"):
+        from long_mixed import committed_sweep
+
+        best_tok, best_flags = committed_sweep(sc)
+    else:
+        best_tok, best_flags = sweep(sc, 2048.0)
     cycles = summary["cycles"]
     overheads = [c["cycle_seconds"] - c["startup_seconds"] for c in cycles
                  if "cycle_seconds" in c and "startup_seconds" in c]

@@ -162,9 +162,11 @@ def _watch(live: LiveConfig, hw: Hardware, plan: MemoryPlan | None, caps: list[C
         now = live.settings
         concurrency = now.client.concurrency_per_server
         tried = ctx.ledger.tried() | {config_key(now.server, concurrency)}
+        demand = ctx.totals.demand(tuning.avg_context)
+        if demand.workload is None and diag.kind != "client-bound":
+            return None  # no move scored on the decode rate alone: wait for the first commit
         return propose(diag, now.server, concurrency, hw.model, hw.gpu, hw.version, tried,
-                       tuner.mem_ceiling, ctx.totals.demand(tuning.avg_context), min_gain,
-                       tuning.allow_lossy,
+                       tuner.mem_ceiling, demand, min_gain, tuning.allow_lossy,
                        pinned=shared, reuse=ctx.totals.prefix_reuse())
 
     # Work left when this epoch started, in prompts; what is done since comes off it.

@@ -104,7 +104,16 @@ class RunTotals:
             return Demand(avg_context)
         if prompt is None:
             return Demand(avg_context)
-        return Demand(avg_context, Workload(prompt, output, p99))
+        # to two significant figures: a replay per candidate costs seconds, and a workload
+        # that moves by a token with every commit would miss the predictor's cache each check
+        p99 = _two_figures(p99) if p99 is not None else None
+        output = _two_figures(output)
+        return Demand(avg_context, Workload(_two_figures(prompt), output,
+                                            p99 if p99 is not None and p99 > output else None))
+
+
+def _two_figures(n: int) -> int:
+    return max(1, int(float(f"{n:.2g}")))
 
 
 @dataclass(frozen=True)

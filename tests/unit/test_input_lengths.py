@@ -61,13 +61,14 @@ def test_the_first_decision_predicts_the_committed_rate_for_the_rows_own_lengths
     totals.input_lengths = sample_lengths(path, 1000, "Int64", 256, ignore_eos=True)
     workload = totals.demand(2048).workload
     assert workload is not None
-    assert (workload.prompt_tokens, workload.output_tokens, workload.output_p99) == (150, 535,
+    # to two significant figures, so that repeated checks hit the predictor's cache
+    assert (workload.prompt_tokens, workload.output_tokens, workload.output_p99) == (150, 540,
                                                                                      4000)
     # once shards commit, their uncached prompt tokens replace the input's (the cache counts)
     totals.done, totals.tokens, totals.prompt_tokens, totals.cached_tokens = 10, 5350, 1500, 1000
     workload = totals.demand(2048).workload
     assert workload is not None and workload.prompt_tokens == 50
-    assert workload.output_tokens == 535  # still the rows' own: exact under ignore_eos
+    assert workload.output_tokens == 540  # still the rows' own: exact under ignore_eos
 
 
 def test_text_rows_without_ignore_eos_predict_from_commits_only() -> None:

@@ -1,0 +1,99 @@
+"""Ground truth for `bench/tuning.py --scenario long-mixed`: what each configuration commits
+for the scenario's workload, by the simulator's own scheduler replayed in modeled time
+(infra/sim/predict.py) — the engine the simulated fleet runs, so for the simulated job it is
+the truth the tuner's readings are judged against, not a second opinion.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+from typing import Any
+
+from infra.sglang.flags import ServerFlags
+from infra.sglang.memory import PoolsDoNotFit, plan_memory
+from infra.sglang.profiles import gpu_profile, model_profile
+from infra.sglang.versions import parse_version
+from infra.sim.predict import Workload, committed_tok_s
+from infra.sim.text import count_prompt_tokens
+
+RETRACTED = re.compile(r"Retract requests\. #retracted_reqs: (\d+)")
+
+
+def workload(sc: dict[str, Any]) -> Workload:
+    prompt = count_prompt_tokens("bench 1 1 " + "x" * sc.get("prompt_bytes", 0))
+    return Workload(prompt, sc["output_mean"], sc["output_p99"])
+
+
+def true_rate(sc: dict[str, Any], flags: dict[str, Any]) -> float:
+    """Committed tok/s per GPU of one server in this configuration, for this workload."""
+    model = model_profile(sc["model"], sc.get("weights_gib"))
+    server = ServerFlags(**{k: v for k, v in flags.items() if k != "extra_args"})
+    return committed_tok_s(model, gpu_profile(sc["gpu"]), server, parse_version(sc["version"]),
+                           workload(sc)) / server.tp_size
+
+
+def committed_sweep(sc: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """The best committed rate over the levers the tuner moves (strategy × mem fraction ×
+    mamba share, each also with the cap its KV pool holds for the workload's lengths)."""
+    model = model_profile(sc["model"], sc.get("weights_gib"))
+    gpu, version = gpu_profile(sc["gpu"]), parse_version(sc["version"])
+    per_request = workload(sc).prompt_tokens + workload(sc).output_tokens
+    best: tuple[float, dict[str, Any]] = (0.0, {})
+    base = ServerFlags(**sc["server"])
+    for strategy, mem, ratio, fit in itertools.product(
+            ["extra_buffer", "no_buffer"], [None, 0.9, 0.95], [None, 1.8, 3.6, 5.4],
+            [False, True]):
+        flags = base.with_changes(mamba_strategy=strategy, mem_fraction_static=mem,
+                                  mamba_full_memory_ratio=ratio)
+        try:
+            plan = plan_memory(model, gpu, flags, version)
+            if fit:
+                cap = plan.max_total_num_tokens // per_request
+                if cap >= plan.max_running_requests:
+                    continue
+                flags = flags.with_changes(max_running_requests=max(1, cap))
+        except PoolsDoNotFit:
+            continue
+        record = flags.model_dump(exclude_none=True, exclude={"extra_args"})
+        tok = true_rate(sc, record)
+        if tok > best[0]:
+            best = (tok, record)
+    return best
+
+
+def judged_against_truth(sc: dict[str, Any], summary: dict[str, Any],
+                         best_tok_s: float) -> dict[str, Any]:
+    """The run's decisions against the truth. `wrong_decisions`: a canary rolled back whose
+    candidate commits more than the configuration kept (by more than the canary's 3 % bar),
+    or rolled out while committing less. `prediction_error`: for each move kept (a rollout or
+    a whole-fleet restart), |predicted gain / true gain − 1|, the largest. `ratio_to_best`:
+    what the final configuration commits over the sweep's best."""
+    current: dict[str, Any] = dict(sc["server"])
+    wrong, errors = 0, []
+    for cycle in summary["cycles"]:
+        candidate = dict(cycle.get("new_flags") or {})
+        canary = cycle.get("canary") or {}
+        outcome = canary.get("outcome")
+        if not candidate or (canary and outcome not in ("rolled_out", "rolled_back")):
+            continue
+        gain = true_rate(sc, candidate) / true_rate(sc, current)
+        wrong += outcome == "rolled_back" and gain > 1.03
+        wrong += outcome == "rolled_out" and gain < 1.0
+        if outcome == "rolled_out" or not canary:
+            predicted = canary.get("predicted_gain") or cycle.get("predicted_gain")
+            if predicted:
+                errors.append(abs(predicted / gain - 1))
+            current = candidate
+    final = true_rate(sc, current)
+    return {"wrong_decisions": wrong,
+            "prediction_error": round(max(errors), 3) if errors else None,
+            "final_true_tok_s": round(final, 1),
+            "ratio_to_best": round(final / best_tok_s, 3) if best_tok_s else None}
+
+
+def retractions(servers: Path) -> int:
+    """Requests the fleet's servers retracted, from their logs (SGLang's line)."""
+    return sum(int(n) for log in servers.glob("*.log")
+               for n in RETRACTED.findall(log.read_text(errors="replace")))
