@@ -38,13 +38,16 @@ class Sample:
     # Requests finished so far (`sglang:num_requests_total`): how many turned over in a
     # window, which tells a rate from a wave (tasks/tuning/judge.py).
     requests_total: float | None = None
+    # Tokens decoded so far, finished or not (`sglang:realtime_tokens_total{mode="decode"}`,
+    # updated at each decode log line): a rate that long answers do not turn into waves.
+    decode_tokens_total: float | None = None
 
 
-def _counter(text: str, name: str) -> float | None:
+def _counter(text: str, name: str, mode: str | None = None) -> float | None:
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name == name:
+                if sample.name == name and (mode is None or sample.labels.get("mode") == mode):
                     return float(sample.value)
     except (ValueError, TypeError, IndexError, KeyError):
         return None
@@ -63,7 +66,8 @@ def sample_server(name: str, url: str, api_key: str | None, t: float, epoch: int
     return Sample(t, epoch, name, True, rec.get("running_req"), rec.get("queue_req"), kv,
                   rec.get("mamba_usage"), rec.get("gen_throughput"),
                   _counter(text, "sglang:generation_tokens_total"), rec.get("retracted_req"),
-                  rec.get("cache_hit_rate"), _counter(text, "sglang:num_requests_total"))
+                  rec.get("cache_hit_rate"), _counter(text, "sglang:num_requests_total"),
+                  _counter(text, "sglang:realtime_tokens_total", mode="decode"))
 
 
 class FleetMonitor:
@@ -121,6 +125,7 @@ class FleetMonitor:
                   "running": pl.Int64, "queued": pl.Int64, "kv_usage": pl.Float64,
                   "mamba_usage": pl.Float64, "gen_throughput": pl.Float64,
                   "generation_tokens_total": pl.Float64, "retracted": pl.Float64,
-                  "cache_hit_rate": pl.Float64}
+                  "cache_hit_rate": pl.Float64, "requests_total": pl.Float64,
+                  "decode_tokens_total": pl.Float64}
         pl.DataFrame(rows, schema=schema).write_parquet(path)
         return path

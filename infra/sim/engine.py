@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from infra.sglang.memory import MemoryPlan
 from infra.sglang.roofline import Roofline
-from infra.sim.metrics import RequestLatencies
+from infra.sim.metrics import INIT_NEW_TOKEN_RATIO, EngineStats, RequestLatencies
 from infra.sim.prefix_cache import PrefixCache
 
 # The shortest wall-clock sleep per loop iteration: keeps the loop cheap at high time scales.
@@ -36,7 +36,6 @@ GATHER_S = 0.002  # an idle scheduler's wait for the rest of a burst of requests
 # SGLang's defaults (environ.py, schedule_policy.py): SGLANG_INIT_NEW_TOKEN_RATIO,
 # ..._MIN_NEW_TOKEN_RATIO_FACTOR, ..._NEW_TOKEN_RATIO_DECAY_STEPS, ..._RETRACT_DECODE_STEPS,
 # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION.
-INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
 RATIO_DECAY_PER_STEP = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
 RETRACT_DECODE_STEPS = 20
@@ -62,26 +61,6 @@ class SimRequest:
         """Tokens SGLang expects this request may still write (before the ratio)."""
         limit = self.max_new_tokens or self.target_tokens
         return min(limit - int(self.generated), CLIP_MAX_NEW_TOKENS)
-
-
-@dataclass
-class EngineStats:
-    """What /metrics and the log lines report."""
-
-    running: int = 0
-    queued: int = 0
-    kv_used_tokens: int = 0
-    mamba_used: int = 0
-    gen_throughput: float = 0.0
-    prompt_tokens_total: int = 0
-    generation_tokens_total: int = 0
-    requests_total: int = 0
-    decode_steps: int = 0
-    retracted_last: int = 0  # retracted at the last retraction (SGLang's gauge)
-    retracted_total: int = 0
-    cached_tokens_total: int = 0
-    cache_hit_rate: float = 0.0  # over the recent prefill batches
-    new_token_ratio: float = INIT_NEW_TOKEN_RATIO
 
 
 def tracking_slots(strategy: str, overlap: bool, prefix_state: bool = False) -> int:
@@ -120,6 +99,7 @@ class SimEngine:
         self._window_tokens = 0.0
         self._window_time = 0.0
         self._modeled_clock = 0.0
+        self._decoded = 0.0  # tokens decoded so far (published at each decode log interval)
         # SGLang's batch_is_full: after an admission found no room, none is tried until a
         # request finishes or is retracted (a decaying new_token_ratio alone admits nothing)
         self._batch_full = False
@@ -279,6 +259,7 @@ class SimEngine:
                 self._anchor = None  # idle time is not owed to anyone
             prefill = self._admit()
             if prefill:
+                self.stats.prefill_tokens_total += prefill
                 self._log_prefill(prefill)
             modeled = self.roofline.prefill_s(prefill) / self.speed if prefill else 0.0
             if not self.running:
@@ -328,7 +309,9 @@ class SimEngine:
         self._publish()
         crossed = (self.stats.decode_steps // self.decode_log_interval
                    > before_steps // self.decode_log_interval)
-        if crossed:
+        self._decoded += produced
+        if crossed:  # SGLang updates realtime_tokens_total{mode="decode"} at each log line
+            self.stats.decode_tokens_total = int(self._decoded)
             self.stats.gen_throughput = self._window_tokens / max(self._window_time, 1e-9)
             self._log_decode()
             self._window_tokens = self._window_time = 0.0

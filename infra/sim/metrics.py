@@ -108,6 +108,33 @@ class Exposition:
         return "\n".join(self.lines) + "\n"
 
 
+INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO
+
+
+@dataclass
+class EngineStats:
+    """What /metrics and the log lines report (the engine keeps them, a scrape reads them)."""
+
+    running: int = 0
+    queued: int = 0
+    kv_used_tokens: int = 0
+    mamba_used: int = 0
+    gen_throughput: float = 0.0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0  # counted when a request finishes, as SGLang counts it
+    requests_total: int = 0
+    decode_steps: int = 0
+    # tokens decoded, finished or not, as of the last decode log line: SGLang's
+    # realtime_tokens_total{mode="decode"}, progress that long answers do not hide in waves
+    decode_tokens_total: int = 0
+    prefill_tokens_total: int = 0  # realtime_tokens_total{mode="prefill_compute"}
+    retracted_last: int = 0  # retracted at the last retraction (SGLang's gauge)
+    retracted_total: int = 0
+    cached_tokens_total: int = 0
+    cache_hit_rate: float = 0.0  # over the recent prefill batches
+    new_token_ratio: float = INIT_NEW_TOKEN_RATIO
+
+
 @dataclass
 class Snapshot:
     """The engine's and the plan's numbers at one scrape."""
@@ -129,6 +156,8 @@ class Snapshot:
     retracted_total: int = 0
     cache_hit_rate: float = 0.0
     new_token_ratio: float = 0.7
+    decode_tokens_total: int = 0
+    prefill_tokens_total: int = 0
 
 
 def render(model: str, snap: Snapshot, lat: RequestLatencies, pid: int) -> str:
@@ -172,6 +201,10 @@ def render(model: str, snap: Snapshot, lat: RequestLatencies, pid: int) -> str:
     out.counter("generation_tokens", "Number of generation tokens processed.",
                 snap.generation_tokens_total)
     out.counter("num_requests", "Number of requests processed.", snap.requests_total)
+    out.family("realtime_tokens_total", "counter", "Total number of tokens processed (updated "
+               "on each log interval). mode: prefill_compute, prefill_cache, decode.",
+               [("", out.scheduler(mode="prefill_compute"), snap.prefill_tokens_total),
+                ("", out.scheduler(mode="decode"), snap.decode_tokens_total)])
     if snap.retracted_total:  # real SGLang's counter appears with the first retraction
         out.counter("num_retracted_requests", "Number of retracted requests.",
                     snap.retracted_total)

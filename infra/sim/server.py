@@ -332,7 +332,8 @@ def metrics_text(server: SimServer) -> str:
         spec_accept_length=eng.roofline.accept_len if server.cfg.flags.speculative else 0.0,
         startup_phases=server.startup_phases, retracted_last=st.retracted_last,
         retracted_total=st.retracted_total, cache_hit_rate=st.cache_hit_rate,
-        new_token_ratio=st.new_token_ratio),
+        new_token_ratio=st.new_token_ratio, decode_tokens_total=st.decode_tokens_total,
+        prefill_tokens_total=st.prefill_tokens_total),
         eng.latencies, os.getpid())
 
 

@@ -42,17 +42,20 @@ class Diagnosis:
 def _rate(rows: list[Sample], time_scale: float) -> float:
     """A server's output tokens/s (modeled GPU time) over some samples.
 
-    From the finished-tokens counter when the window holds enough of it: that is what gets
-    committed. SGLang's `gen_throughput` gauge counts decode time only — on the H200 it read
-    2,406 tok/s while committed tokens grew at 1,673 (+44 %), and it made a real 1.81× move
-    look 2.24× (docs/REAL_SGLANG.md) — so it is only the fallback, for a window too short
-    for the counter, which moves in bursts as requests finish."""
-    counters = [(r.t, r.generation_tokens_total) for r in rows
-                if r.generation_tokens_total is not None]
-    if len(counters) >= MIN_COUNTER_SAMPLES and counters[-1][0] > counters[0][0]:
-        tokens = counted_tokens([c for _, c in counters])
-        if tokens > 0:
-            return tokens / (counters[-1][0] - counters[0][0]) / time_scale
+    From the decode-token counter where the server has one (`realtime_tokens_total{mode=
+    "decode"}`, 0.5.17): tokens as they are generated, so a server whose long answers have
+    not finished yet reads its rate, not 0 (a canary restarted onto a larger cap measured
+    1.12x where its configuration commits 1.52x more: bench/tuning.py long-mixed). Else from
+    the finished-tokens counter, which moves in waves as requests finish. SGLang's
+    `gen_throughput` gauge counts decode time only — on the H200 it read 2,406 tok/s while
+    committed tokens grew at 1,673 (+44 %) — so it is only the last resort, for a window
+    too short for either counter."""
+    for name in ("decode_tokens_total", "generation_tokens_total"):
+        counters = [(r.t, getattr(r, name)) for r in rows if getattr(r, name) is not None]
+        if len(counters) >= MIN_COUNTER_SAMPLES and counters[-1][0] > counters[0][0]:
+            tokens = counted_tokens([c for _, c in counters])
+            if tokens > 0:
+                return tokens / (counters[-1][0] - counters[0][0]) / time_scale
     gauges = [r.gen_throughput for r in rows if r.gen_throughput is not None]
     return statistics.fmean(gauges) if gauges else 0.0
 

@@ -91,3 +91,25 @@ def test_a_starved_client_that_scrapes_late_does_not_flip_the_verdict() -> None:
     full = judge(rows, WINDOW, until, {"server-3"}, 1.0, 1.1, final=True)
     starved = judge(thinned, WINDOW, until, {"server-3"}, 1.0, 1.1, final=True)
     assert full.decision == starved.decision == "better"
+
+
+def test_the_decode_token_counter_reads_the_rate_before_any_answer_finished() -> None:
+    """Two servers decode 1,000 tok/s each; 4,000-token answers, none finished in the first
+    20 s. The finished-token counter reads 0 for the first and a wave for the second (its
+    batch began earlier); SGLang's realtime_tokens_total{mode="decode"} reads the rate."""
+    from tasks.tuning.diagnosis import window_stats
+
+    rows = []
+    for i in range(21):
+        t = float(i)
+        rows.append(Sample(t, 1, "fresh", True, 8, 0, 0.3, 0.5, 1000.0, 0.0,
+                           decode_tokens_total=1000.0 * t))
+        wave = 32_000.0 if t >= 10 else 0.0  # 8 answers of 4,000 tokens land at once
+        rows.append(Sample(t, 1, "older", True, 8, 0, 0.3, 0.5, 1000.0, wave,
+                           decode_tokens_total=1000.0 * t))
+    rates = {w.server: w.tok_s for w in window_stats(rows, 0.0, 1.0)}
+    assert rates == pytest.approx({"fresh": 1000.0, "older": 1000.0})
+    old_style = [Sample(s.t, 1, s.server, True, 8, 0, 0.3, 0.5, 1000.0,
+                        s.generation_tokens_total) for s in rows]
+    rates = {w.server: w.tok_s for w in window_stats(old_style, 0.0, 1.0)}
+    assert rates["older"] == pytest.approx(1600.0)  # a wave, not a rate (32,000 / 20 s)
