@@ -138,8 +138,13 @@ def slow_servers(diag: Diagnosis) -> list[tuple[str, float, float]]:
     if len(speeds) < 2:
         return []
     median = statistics.median(speeds)
-    return [(w.server, w.tok_s, median) for w in diag.servers
-            if median > 0 and w.tok_s < SLOW_SHARE * median]
+    return [(w.server, w.tok_s, median) for w in diag.servers if _slow(w, median)]
+
+
+def _slow(w: ServerWindow, median: float) -> bool:
+    """Under SLOW_SHARE × the median *with work waiting*: a server that runs out of work at
+    the job's end (a queue of 0) is not a slow GPU, and restarting it gains nothing."""
+    return median > 0 and w.tok_s < SLOW_SHARE * median and w.queued >= 1
 
 
 def diagnose(windows: list[ServerWindow], caps: dict[str, int],
@@ -158,7 +163,7 @@ def diagnose(windows: list[ServerWindow], caps: dict[str, int],
                          windows)
     speeds = [w.tok_s for w in windows]
     median = statistics.median(speeds)
-    slow = [w for w in windows if median > 0 and w.tok_s < SLOW_SHARE * median]
+    slow = [w for w in windows if _slow(w, median)]
     if len(windows) > 1 and slow:
         names = ", ".join(f"{w.server} {w.tok_s:,.0f} tok/s" for w in slow)
         return Diagnosis("asymmetric", f"{names} vs a median of {median:,.0f} tok/s: a GPU "

@@ -54,6 +54,10 @@ def test_one_slow_gpu_is_asymmetric_and_a_dead_one_unhealthy() -> None:
     d = diagnose([w("s0"), w("s1"), w("s2", tok=200.0)], {"s0": 31, "s1": 31, "s2": 31},
                  EB_PLAN)
     assert d.kind == "asymmetric" and "s2" in d.evidence
+    # the same rates at the job's end, s2 with nothing left queued: not a slow GPU
+    idle = diagnose([w("s0"), w("s1"), w("s2", tok=200.0, queued=0)],
+                    {"s0": 31, "s1": 31, "s2": 31}, EB_PLAN)
+    assert idle.kind != "asymmetric"
     d = diagnose([w("s0"), w("s1", alive=False)], {"s0": 31}, EB_PLAN)
     assert d.kind == "unhealthy" and "s1" in d.evidence
 
