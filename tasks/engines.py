@@ -52,8 +52,9 @@ class Engine(ABC):
         """Modeled GPU seconds per wall second (1 on a real GPU)."""
         return 1.0
 
-    def check_before_start(self, settings: JobSettings) -> None:  # noqa: B027 (optional)
+    def check_before_start(self, settings: JobSettings) -> None:
         """Raise ValueError naming the field when this engine cannot run these settings."""
+        check_attention_backend(settings)
 
 
 class RealSGLang(Engine):
@@ -107,7 +108,30 @@ class SimulatedSGLang(Engine):
     def check_before_start(self, settings: JobSettings) -> None:
         # The simulator needs profiles to size its pools; real SGLang reads the model itself.
         model_profile(settings.model, settings.weights_gib)
+        super().check_before_start(settings)
         gpu_profile(settings.sim.gpu)
+
+
+# Hybrids whose first layer is a state layer: 0.5.17's triton attention backend cannot start
+# them (it refuses NemotronH and LFM2; Granite-4.0-H died with "layer_id=0 not in full attention
+# layers" on the H200, docs/REAL_SGLANG.md session 9).
+NO_TRITON_ATTENTION = ("NemotronH", "Lfm2", "GraniteMoeHybrid")
+
+
+def check_attention_backend(settings: JobSettings) -> None:
+    """Refuse `--attention-backend triton` for those, before any server starts."""
+    args = list(settings.server.extra_args)
+    if "--attention-backend" not in args or args[args.index("--attention-backend") + 1:][:1] != [
+            "triton"]:
+        return
+    try:
+        arch = model_profile(settings.model, settings.weights_gib or 1.0).architecture
+    except ValueError:
+        return  # a model the planner has no profile of: SGLang itself will say
+    if arch.startswith(NO_TRITON_ATTENTION):
+        raise ValueError(
+            f"server.extra_args: --attention-backend triton cannot run {arch} (its first layer "
+            "is a state layer: SGLang 0.5.17 refuses or fails to start it); use flashinfer")
 
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (RealSGLang(), SimulatedSGLang())}

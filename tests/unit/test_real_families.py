@@ -125,3 +125,26 @@ def test_a_hybrid_the_planner_cannot_read_is_refused_never_planned_dense(
     with pytest.raises(ValueError, match=r"JambaForCausalLM has state layers \(field "
                                          r"mamba_d_state\).*wrong cap"):
         model_profile(str(tmp_path), 10.0)
+
+
+@pytest.mark.parametrize(("model", "refused"), [("lfm2-1.2b", True), ("granite-4.0-h-1b", True),
+                                                ("nemotron-3-nano-4b", True),
+                                                ("falcon-h1-0.5b", False)])
+def test_triton_attention_is_refused_for_hybrids_that_start_with_a_state_layer(
+        model: str, refused: bool) -> None:
+    """Real 0.5.17 refuses triton for NemotronH and LFM2 and dies with it on Granite-4.0-H
+    (its first layer is mamba); Falcon-H1 ran on it (session 9)."""
+    from infra.settings import JobSettings
+    from tasks.engines import check_attention_backend
+
+    settings = JobSettings(model=str(MODELS / model), weights_gib=2.0, engine="sglang",
+                           sglang_version="0.5.17",
+                           server={"extra_args": ["--attention-backend", "triton"]})
+    if refused:
+        with pytest.raises(ValueError, match="server.extra_args: --attention-backend triton "
+                                             "cannot run .*use flashinfer"):
+            check_attention_backend(settings)
+    else:
+        check_attention_backend(settings)
+    check_attention_backend(settings.model_copy(update={"server": settings.server.with_changes(
+        extra_args=["--attention-backend", "flashinfer"])}))
