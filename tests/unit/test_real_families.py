@@ -141,8 +141,8 @@ def test_triton_attention_is_refused_for_hybrids_that_start_with_a_state_layer(
                            sglang_version="0.5.17",
                            server={"extra_args": ["--attention-backend", "triton"]})
     if refused:
-        with pytest.raises(ValueError, match="server.extra_args: --attention-backend triton "
-                                             "cannot run .*use flashinfer"):
+        with pytest.raises(ValueError, match=r"server\.extra_args: --attention-backend triton "
+                                             r"cannot run .*use flashinfer"):
             check_attention_backend(settings)
     else:
         check_attention_backend(settings)
