@@ -159,10 +159,10 @@ class RegressionWatch:
         """A server slow in every check for two windows running — not one slow window: with
         long requests a server's committed tokens come in waves, and a server just restarted
         is still filling up — is handed to `on_asymmetric`, which restarts it alone, once."""
-        # (and not before every server turned its batch over: a server just rolled out onto a
-        # new config has finished nothing yet when its answers are long, and reads 0)
-        slow = ({name for name, _, _ in slow_servers(diag)}
-                if diag.kind == "asymmetric" and self._turned_over else set())
+        # (rates come from the decode-token counter, so a server just rolled out onto a new
+        # config reads its rate, not the 0 of answers not finished yet; no turnover is awaited:
+        # a slow GPU is the last to turn its batch over)
+        slow = {name for name, _, _ in slow_servers(diag)} if diag.kind == "asymmetric" else set()
         self._slow_streak = {n: self._slow_streak.get(n, 0) + 1 for n in slow}
         needed = math.ceil(2 * self.window_s / self.check_interval_s())
         if self.on_asymmetric is None or not any(v >= needed for v in self._slow_streak.values()):
