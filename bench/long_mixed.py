@@ -13,10 +13,12 @@ from typing import Any
 
 from infra.sglang.flags import ServerFlags
 from infra.sglang.memory import PoolsDoNotFit, plan_memory
+from infra.sglang.planner import Demand
 from infra.sglang.profiles import gpu_profile, model_profile
 from infra.sglang.versions import parse_version
 from infra.sim.predict import Workload, committed_tok_s
 from infra.sim.text import count_prompt_tokens
+from tasks.tuning.policy import fit_to_kv
 
 RETRACTED = re.compile(r"Retract requests\. #retracted_reqs: (\d+)")
 
@@ -39,7 +41,7 @@ def committed_sweep(sc: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     mamba share, each also with the cap its KV pool holds for the workload's lengths)."""
     model = model_profile(sc["model"], sc.get("weights_gib"))
     gpu, version = gpu_profile(sc["gpu"]), parse_version(sc["version"])
-    per_request = workload(sc).prompt_tokens + workload(sc).output_tokens
+    demand = Demand(workload=workload(sc))
     best: tuple[float, dict[str, Any]] = (0.0, {})
     base = ServerFlags(**sc["server"])
     for strategy, mem, ratio, fit in itertools.product(
@@ -49,11 +51,10 @@ def committed_sweep(sc: dict[str, Any]) -> tuple[float, dict[str, Any]]:
                                   mamba_full_memory_ratio=ratio)
         try:
             plan = plan_memory(model, gpu, flags, version)
-            if fit:
-                cap = plan.max_total_num_tokens // per_request
-                if cap >= plan.max_running_requests:
-                    continue
-                flags = flags.with_changes(max_running_requests=max(1, cap))
+            if fit:  # the cap the tuner would propose it with (policy.fit_to_kv)
+                label, flags, _ = fit_to_kv("", flags, plan, demand, model, gpu, version)
+                if not label:
+                    continue  # it fits as it is: already scored
         except PoolsDoNotFit:
             continue
         record = flags.model_dump(exclude_none=True, exclude={"extra_args"})

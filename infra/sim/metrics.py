@@ -137,77 +137,67 @@ class EngineStats:
 
 @dataclass
 class Snapshot:
-    """The engine's and the plan's numbers at one scrape."""
+    """One scrape: the engine's counters beside what its plan fixes."""
 
-    running: int
-    queued: int
-    gen_throughput: float
-    kv_used_tokens: int
+    stats: EngineStats
     max_total_num_tokens: int
     context_len: int
-    mamba_used: int | None  # None: not a hybrid model
     mamba_slots: int
-    prompt_tokens_total: int
-    generation_tokens_total: int
-    requests_total: int
+    hybrid: bool  # mamba gauges are written only for a hybrid model
     spec_accept_length: float  # 0.0 without speculative decoding, as SGLang reports it
     startup_phases: dict[str, float]
-    retracted_last: int = 0
-    retracted_total: int = 0
-    cache_hit_rate: float = 0.0
-    new_token_ratio: float = 0.7
-    decode_tokens_total: int = 0
-    prefill_tokens_total: int = 0
 
 
 def render(model: str, snap: Snapshot, lat: RequestLatencies, pid: int) -> str:
     """One scrape of /metrics."""
     out = Exposition(model)
-    kv = snap.kv_used_tokens / max(snap.max_total_num_tokens, 1)
-    mamba = None if snap.mamba_used is None else snap.mamba_used / max(snap.mamba_slots, 1)
-    out.gauge("num_running_reqs", "The number of running requests.", snap.running)
-    out.gauge("num_queue_reqs", "The number of requests in the waiting queue.", snap.queued)
-    out.gauge("num_retracted_reqs", "The number of retracted requests.", snap.retracted_last,
+    st = snap.stats
+    mamba_used = st.mamba_used if snap.hybrid else None
+    kv = st.kv_used_tokens / max(snap.max_total_num_tokens, 1)
+    mamba = None if mamba_used is None else mamba_used / max(snap.mamba_slots, 1)
+    out.gauge("num_running_reqs", "The number of running requests.", st.running)
+    out.gauge("num_queue_reqs", "The number of requests in the waiting queue.", st.queued)
+    out.gauge("num_retracted_reqs", "The number of retracted requests.", st.retracted_last,
               pid=str(pid))
-    out.gauge("new_token_ratio", "The new token ratio.", round(snap.new_token_ratio, 4))
+    out.gauge("new_token_ratio", "The new token ratio.", round(st.new_token_ratio, 4))
     out.gauge("num_paused_reqs", "The number of paused requests by async weight sync.", 0,
               pid=str(pid))
-    out.gauge("gen_throughput", "The generation throughput (token/s).", snap.gen_throughput)
+    out.gauge("gen_throughput", "The generation throughput (token/s).", st.gen_throughput)
     out.gauge("token_usage", "The token usage.", round(max(kv, mamba or 0.0), 2))
     out.gauge("full_token_usage", "The token usage for full attention layers.", round(kv, 2))
-    out.gauge("num_used_tokens", "The number of used tokens.", snap.kv_used_tokens)
+    out.gauge("num_used_tokens", "The number of used tokens.", st.kv_used_tokens)
     out.gauge("kv_used_tokens", "Number of actively used token slots in the KV cache pool.",
-              snap.kv_used_tokens)
+              st.kv_used_tokens)
     out.gauge("kv_available_tokens", "Number of free token slots in the KV cache pool.",
-              snap.max_total_num_tokens - snap.kv_used_tokens)
+              snap.max_total_num_tokens - st.kv_used_tokens)
     out.gauge("max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.",
               snap.max_total_num_tokens)
     out.gauge("context_len", "Maximum context length.", snap.context_len)
-    out.gauge("cache_hit_rate", "The prefix cache hit rate.", round(snap.cache_hit_rate, 4))
+    out.gauge("cache_hit_rate", "The prefix cache hit rate.", round(st.cache_hit_rate, 4))
     out.gauge("spec_accept_length", "Mean acceptance length of speculative decoding "
               "(accepted drafts + bonus token per forward).", snap.spec_accept_length)
     out.gauge("utilization", "The utilization.", 0.0)  # 0.5.17 never sets it (no SLO cap)
-    if snap.mamba_used is not None and mamba is not None:
+    if mamba_used is not None and mamba is not None:
         out.gauge("mamba_usage", "The token usage for Mamba layers.", round(mamba, 2))
         out.gauge("mamba_used_tokens",
-                  "Number of actively used state slots in the mamba SSM pool.", snap.mamba_used)
+                  "Number of actively used state slots in the mamba SSM pool.", mamba_used)
         out.gauge("mamba_available_tokens",
                   "Number of free state slots in the mamba SSM pool (hybrid-SSM only).",
-                  snap.mamba_slots - snap.mamba_used)
+                  snap.mamba_slots - mamba_used)
     out.family("startup_time_seconds", "gauge", "Engine startup duration by phase in seconds.",
                [("", {"engine_type": "unified", "model_name": model, "phase": phase}, s)
                 for phase, s in snap.startup_phases.items()])
-    out.counter("prompt_tokens", "Number of prefill tokens processed.", snap.prompt_tokens_total)
+    out.counter("prompt_tokens", "Number of prefill tokens processed.", st.prompt_tokens_total)
     out.counter("generation_tokens", "Number of generation tokens processed.",
-                snap.generation_tokens_total)
-    out.counter("num_requests", "Number of requests processed.", snap.requests_total)
+                st.generation_tokens_total)
+    out.counter("num_requests", "Number of requests processed.", st.requests_total)
     out.family("realtime_tokens_total", "counter", "Total number of tokens processed (updated "
                "on each log interval). mode: prefill_compute, prefill_cache, decode.",
-               [("", out.scheduler(mode="prefill_compute"), snap.prefill_tokens_total),
-                ("", out.scheduler(mode="decode"), snap.decode_tokens_total)])
-    if snap.retracted_total:  # real SGLang's counter appears with the first retraction
+               [("", out.scheduler(mode="prefill_compute"), st.prefill_tokens_total),
+                ("", out.scheduler(mode="decode"), st.decode_tokens_total)])
+    if st.retracted_total:  # real SGLang's counter appears with the first retraction
         out.counter("num_retracted_requests", "Number of retracted requests.",
-                    snap.retracted_total)
+                    st.retracted_total)
     out.histogram("time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                   lat.ttft, out.tokenizer())
     out.histogram("e2e_request_latency_seconds", "Histogram of End-to-end request latency in "

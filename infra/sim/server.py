@@ -323,17 +323,10 @@ def metrics_text(server: SimServer) -> str:
     eng, plan = server.engine, server.plan
     st = eng.stats
     return render_metrics(server.cfg.model, Snapshot(
-        running=st.running, queued=st.queued, gen_throughput=st.gen_throughput,
-        kv_used_tokens=st.kv_used_tokens, max_total_num_tokens=plan.max_total_num_tokens,
-        context_len=plan.context_len,
-        mamba_used=st.mamba_used if plan.mamba_cap is not None else None,
-        mamba_slots=plan.mamba_slots, prompt_tokens_total=st.prompt_tokens_total,
-        generation_tokens_total=st.generation_tokens_total, requests_total=st.requests_total,
+        st, max_total_num_tokens=plan.max_total_num_tokens, context_len=plan.context_len,
+        mamba_slots=plan.mamba_slots, hybrid=plan.mamba_cap is not None,
         spec_accept_length=eng.roofline.accept_len if server.cfg.flags.speculative else 0.0,
-        startup_phases=server.startup_phases, retracted_last=st.retracted_last,
-        retracted_total=st.retracted_total, cache_hit_rate=st.cache_hit_rate,
-        new_token_ratio=st.new_token_ratio, decode_tokens_total=st.decode_tokens_total,
-        prefill_tokens_total=st.prefill_tokens_total),
+        startup_phases=server.startup_phases),
         eng.latencies, os.getpid())
 
 

@@ -96,14 +96,12 @@ def test_metrics_families_are_real_ones(sim_url: str) -> None:
 def test_the_retraction_counter_is_a_real_one() -> None:
     """Real SGLang shows sglang:num_retracted_requests_total once it has retracted (the
     retraction probe's scrapes); the simulator's counter has that name."""
-    from infra.sim.metrics import RequestLatencies, Snapshot, render
+    from infra.sim.metrics import EngineStats, RequestLatencies, Snapshot, render
     data = FIXTURES.parents[1] / "bench/real_sglang/data/2026-12-01-h200-s6"
     levels = json.loads((data / "limits-retract.results.json").read_text())["retract"]
     real = {k for lv in levels for sample in lv["samples"] for k in sample}
-    snap = Snapshot(running=0, queued=0, gen_throughput=0.0, kv_used_tokens=0,
-                    max_total_num_tokens=1, context_len=1, mamba_used=None, mamba_slots=0,
-                    prompt_tokens_total=0, generation_tokens_total=0, requests_total=0,
-                    spec_accept_length=0.0, startup_phases={}, retracted_total=3)
+    snap = Snapshot(EngineStats(retracted_total=3), max_total_num_tokens=1, context_len=1,
+                    mamba_slots=0, hybrid=False, spec_accept_length=0.0, startup_phases={})
     text = render("m", snap, RequestLatencies(), 1)
     assert any(line.startswith("sglang:num_retracted_requests_total") and line.endswith(" 3.0")
                for line in text.splitlines())
