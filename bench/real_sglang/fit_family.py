@@ -17,7 +17,9 @@ extra_buffer is refused for it), so its fixed step cost is one constant: `no_ove
 is 0 and `step_overhead_s` holds both. Writes the entry `GPU/family` into
 `infra/sglang/data/step_calibration.json`. Usage:
 `python bench/real_sglang/fit_family.py mamba2 LOG.gz:FLAGS… [--write]`; with no arguments it
-refits the committed NemotronH-4B runs (bench/real_sglang/data/2026-12-02-h200-s8/).
+refits the committed NemotronH-4B runs: session 10's cap-237 run (its client pooled, 16 workers
+an httpx client; session 8's one client idled the server between waves) and session 8's ratio-0.3
+run.
 """
 
 from __future__ import annotations
@@ -41,15 +43,14 @@ from infra.sglang.versions import parse_version
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "bench" / "real_sglang" / "data" / "2026-12-02-h200-s8"
+DATA_S10 = DATA.with_name("2026-12-02-h200-s10")
 NEMOTRON_4B = ROOT / "bench" / "real_sglang" / "models" / "nemotron-3-nano-4b" / "config.json"
 NEMOTRON_WEIGHTS_GIB = 7.47  # "Load weight end ... mem usage=7.47 GB"
-NEMOTRON_RUNS = {  # log → the flags it ran with (plans/cal_nemotron4b.json)
-    "calnh4b-nh4b_nb.log.gz": ["--mem-fraction-static", "0.9", "--mamba-radix-cache-strategy",
-                               "no_buffer", "--disable-overlap-schedule"],
-    "calnh4b-nh4b_nb_r03.log.gz": ["--mem-fraction-static", "0.9",
-                                   "--mamba-radix-cache-strategy", "no_buffer",
-                                   "--disable-overlap-schedule", "--mamba-full-memory-ratio",
-                                   "0.3"],
+NO_BUFFER = ["--mem-fraction-static", "0.9", "--mamba-radix-cache-strategy", "no_buffer",
+             "--disable-overlap-schedule"]
+NEMOTRON_RUNS = {  # log → the flags it ran with (plans/cal_nh4b_s10.json, cal_nemotron4b.json)
+    DATA_S10 / "nh4b_s10-nh4b_nb.log.gz": NO_BUFFER,
+    DATA / "calnh4b-nh4b_nb_r03.log.gz": [*NO_BUFFER, "--mamba-full-memory-ratio", "0.3"],
 }
 MIN_LINES = 5  # a level logged fewer times is the ramp or the tail, not steady decode
 
@@ -108,8 +109,9 @@ def main(argv: list[str]) -> None:
     write = "--write" in argv
     model = profile_from_hf_config(NEMOTRON_4B, NEMOTRON_WEIGHTS_GIB)
     gpu = gpu_profile("h200")
-    values = fit(model, gpu, {DATA / name: flags for name, flags in NEMOTRON_RUNS.items()})
-    entry = {**values, "source": str(DATA.relative_to(ROOT)), "sglang": "0.5.17",
+    values = fit(model, gpu, NEMOTRON_RUNS)
+    sources = sorted({str(log.parent.relative_to(ROOT)) for log in NEMOTRON_RUNS})
+    entry = {**values, "source": ", ".join(sources), "sglang": "0.5.17",
              "model": "NVIDIA-Nemotron-3-Nano-4B shapes, bf16, dummy; overlap off"}
     print(json.dumps(entry, indent=1))
     if write:

@@ -1,11 +1,12 @@
-"""Every hybrid family SGLang 0.5.17 serves, planned as it allocates on the H200
-(bench/real_sglang/data/2026-12-02-h200-s9/pools/, from `device.sh pools`: probe_pools.py
-started each server with dummy weights and the family's public shapes from
-bench/real_sglang/models/, and read its pools from the start-up log).
+"""Every hybrid family SGLang 0.5.17 serves, planned as it allocates on the H200, two
+configurations each (bench/real_sglang/data/2026-12-02-h200-s9/pools/ and -s10/pools/, from
+`device.sh pools`: probe_pools.py started each server with dummy weights and the family's public
+shapes from bench/real_sglang/models/, read its pools from the start-up log and its cap from
+/server_info).
 
-Granite and LFM2 crashed after allocating their pools (the triton attention backend cannot
-start Granite's first, mamba, layer; this runtime's sgl_kernel has no FA3 for LFM2's): their
-pools are real, their cap is the log's mamba cap line (Granite) or unread (LFM2)."""
+In session 9 Granite and LFM2 crashed after allocating their pools (the triton attention backend
+cannot start Granite's first, mamba, layer; this runtime's sgl_kernel has no FA3 for LFM2's);
+session 10 started both with flashinfer, and its records replace session 9's."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from infra.sglang.versions import parse_version
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "bench" / "real_sglang" / "data" / "2026-12-02-h200-s9" / "pools"
+DATA_S10 = ROOT / "bench" / "real_sglang" / "data" / "2026-12-02-h200-s10" / "pools"
 MODELS = ROOT / "bench" / "real_sglang" / "models"
 H200 = gpu_profile("h200")
 V0517 = parse_version("0.5.17")
@@ -32,12 +34,14 @@ V0517 = parse_version("0.5.17")
 
 @cache
 def probes() -> dict[str, dict[str, Any]]:
-    return {r["model"] + "/" + ("default" if "default" in r["name"] else "changed"): r
-            for r in json.loads((DATA / "results.json").read_text())}
+    """model/default and model/changed → the probe's record (its folder under "dir"); a later
+    session's record of the same key replaces the earlier one."""
+    return {r["model"] + "/" + ("default" if "default" in r["name"] else "changed"): r | {"dir": d}
+            for d in (DATA, DATA_S10) for r in json.loads((d / "results.json").read_text())}
 
 
 def logged(record: dict[str, Any], pattern: str) -> str:
-    text = gzip.decompress((DATA / f"{record['name']}.log.gz").read_bytes()).decode()
+    text = gzip.decompress((record["dir"] / f"{record['name']}.log.gz").read_bytes()).decode()
     match = re.search(pattern, text)
     assert match, pattern
     return match.group(1)
@@ -54,8 +58,13 @@ def plan_for(key: str) -> tuple[Any, dict[str, Any]]:
     return plan_memory(model, H200, parse_server_flags(argv), V0517), record
 
 
-CASES = ["falcon-h1-0.5b/default", "falcon-h1-0.5b/changed", "granite-4.0-h-1b/default",
-         "kimi-linear-48b-a3b/default", "lfm2-1.2b/default"]
+FAMILIES = ["falcon-h1-0.5b", "granite-4.0-h-1b", "kimi-linear-48b-a3b", "lfm2-1.2b"]
+CASES = [f"{family}/{config}" for family in FAMILIES for config in ("default", "changed")]
+
+
+def test_every_family_ran_two_configurations_to_a_cap() -> None:
+    assert sorted(probes()) == sorted(CASES)
+    assert all(probes()[key]["outcome"] == "ok" for key in CASES)
 
 
 @pytest.mark.parametrize("key", CASES)
@@ -73,13 +82,13 @@ def test_the_plan_gives_the_pools_real_sglang_allocated(key: str) -> None:
     assert plan.mamba_strategy == strategy
 
 
-@pytest.mark.parametrize("key", ["falcon-h1-0.5b/default", "falcon-h1-0.5b/changed",
-                                 "granite-4.0-h-1b/default", "kimi-linear-48b-a3b/default"])
+@pytest.mark.parametrize("key", CASES)
 def test_the_cap_is_the_one_real_sglang_resolved(key: str) -> None:
+    """The state pool binds every family but LFM2, whose conv state is 80 KiB a request: its
+    cap is the 4,096 SGLang starts from."""
     plan, real = plan_for(key)
-    cap = real.get("max_running_requests") or real["mamba_capped_to"]
-    assert plan.max_running_requests == cap
-    assert plan.binding_limit == "mamba"
+    assert plan.max_running_requests == real["max_running_requests"]
+    assert plan.binding_limit == ("requested" if key.startswith("lfm2") else "mamba")
 
 
 def test_each_family_reads_its_own_state_layers() -> None:
