@@ -108,14 +108,44 @@ def fleet_rate(samples: list[Sample], since: float, until: float, time_scale: fl
 
 def fleet_decode_rate(samples: list[Sample], since: float, until: float) -> float:
     """The fleet's decode tok/s over [since, until] from each server's `gen_throughput`
-    gauge, a server that does not answer counting 0. For short windows: the finished-token
-    counter moves in bursts as requests end, the gauge does not."""
-    per_server: dict[str, list[float]] = {}
-    for s in samples:
-        if since <= s.t <= until:
-            value = s.gen_throughput if s.alive and s.gen_throughput is not None else 0.0
-            per_server.setdefault(s.server, []).append(value)
-    return sum(statistics.fmean(v) for v in per_server.values() if v)
+    gauge. For short windows: the finished-token counter moves in bursts as requests end, the
+    gauge does not. A server that does not answer counts 0 — unless its token counter shows
+    it kept running through the silence (a scrape that timed out on a busy client machine is
+    not a stopped server; a restarted one starts its counter from 0)."""
+    by_server: dict[str, list[Sample]] = {}
+    for s in sorted(samples, key=lambda s: s.t):
+        by_server.setdefault(s.server, []).append(s)
+    total = 0.0
+    for series in by_server.values():
+        inside = [s for s in series if since <= s.t <= until]
+        if not inside:
+            continue
+        values = [(s.gen_throughput or 0.0) if s.alive else None for s in inside]
+        bridge = _silence_bridged(series, inside) if None in values else None
+        if bridge is not None:
+            values = [v for v in values if v is not None] or [bridge]
+        total += statistics.fmean(v if v is not None else 0.0 for v in values)
+    return total
+
+
+def _silence_bridged(series: list[Sample], inside: list[Sample]) -> float | None:
+    """The mean gauge of the answers around a server's unanswered scrapes in `inside` when its
+    token counter kept counting across them (no restart), else None."""
+    silent = [s.t for s in inside if not s.alive]
+    before = [s for s in series if s.alive and s.t < silent[0]]
+    after = [s for s in series if s.alive and s.t > silent[-1]]
+    if not before or not after:
+        return None
+    first, last = before[-1], after[0]
+    start, end = _tokens(first), _tokens(last)
+    if start is None or end is None or end < start:
+        return None
+    return statistics.fmean([first.gen_throughput or 0.0, last.gen_throughput or 0.0])
+
+
+def _tokens(sample: Sample) -> float | None:
+    return (sample.decode_tokens_total if sample.decode_tokens_total is not None
+            else sample.generation_tokens_total)
 
 
 def min_fleet_fraction(samples: list[Sample], start: float, end: float, span_s: float,

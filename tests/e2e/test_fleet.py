@@ -70,12 +70,12 @@ def two_nodes(prefect_server: dict[str, str], s3_endpoint: str,
 def test_losing_a_node_mid_run_still_gives_every_id_once(two_nodes: dict[str, str],
                                                          s3_endpoint: str, bucket: str,
                                                          tmp_path: Path) -> None:
-    n = 2000
+    n = 1000
     src = tmp_path / "p.jsonl"
     src.write_text("".join(json.dumps({"id": f"f{i:05d}", "prompt": f"fleet {i}"}) + "\n"
                            for i in range(n)))
     staging = tmp_path / "staging"
-    overrides = {"sim.time_scale": 12.0, "shard_size": 50, "storage.staging_dir": str(staging),
+    overrides = {"sim.time_scale": 24.0, "shard_size": 50, "storage.staging_dir": str(staging),
                  "base_port": free_port_block(1)}
     code = (
         "import json, sys\n"

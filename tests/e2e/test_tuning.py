@@ -72,29 +72,26 @@ def test_seed_000_finds_the_mamba_bottleneck_and_gains_2_4x(prefect_api: None,
 @pytest.mark.slow
 def test_canary_that_loses_is_rolled_back_while_the_fleet_keeps_generating(
         prefect_api: None, tmp_path: Path) -> None:
-    # A bar no move can clear: the canary must go back, the other three never stop.
+    # A bar no move can clear: the canary must go back, the other three never stop. The
+    # client keeps a queue of 9 over the cap of 31 (cap + 1 would leave the diagnosis to the
+    # client machine's speed: a busy one reads client-bound).
     summary, out = run(
         tmp_path, 2500, 4, model="qwen3.6-27b-fp8", **{
             "sim.gpu": "rtx-pro-6000", "sim.time_scale": 20.0,
-            "server.mamba_strategy": "extra_buffer", "client.concurrency_per_server": 32,
+            "server.mamba_strategy": "extra_buffer", "client.concurrency_per_server": 40,
             "sampling.max_new_tokens": 2048, "tuning.canary_min_gain": 50.0,
             "tuning.max_restarts": 1, "tuning.restart_payback": 1.0})
     (cycle,) = summary["cycles"]
     canary = cycle["canary"]
-    # On a loaded machine the first look can read client-bound (a client-only move: no
-    # restart); otherwise it is the mamba move (the canary restarts, then restarts back).
-    client_only = cycle["diagnosis"] == "client-bound"
+    assert cycle["diagnosis"] == "mamba-bound", cycle
     assert canary["outcome"] == "rolled_back", canary
-    assert canary["server_restarts"] == (0 if client_only else 2), canary
+    assert canary["server_restarts"] == 2, canary  # the canary restarts, then restarts back
     assert canary["canary_servers"] == ["server-3"]
-    if not client_only:
-        assert canary["measured_gain"] > 1.5  # it was faster, but not by the bar
-    # The others never stop (a whole-fleet restart reads 0, and the canary alone restarted:
-    # server_restarts above). Not 0.75: on two cores the canary's simulator, running 4× the
-    # requests of each other one, takes their CPU and their scrapes time out (a server that
-    # does not answer counts 0) — in full-suite runs the low read 0.12–0.74 (docs/BENCHMARKS.md:
-    # 0.741–0.743 alone).
-    assert canary["min_fleet_fraction"] is not None and canary["min_fleet_fraction"] > 0.05
+    assert canary["measured_gain"] > 1.5  # it was faster, but not by the bar
+    # The others never stop: three of four servers (0.741–0.743 alone, docs/BENCHMARKS.md),
+    # where a whole-fleet restart reads 0. A scrape that times out on a busy machine no longer
+    # counts its server as stopped (tasks/tuning/canary.fleet_decode_rate).
+    assert canary["min_fleet_fraction"] is not None and canary["min_fleet_fraction"] > 0.3
     assert summary["final_server_flags"]["mamba_strategy"] == "extra_buffer"
     outcomes = [e.outcome for e in TuningLedger(out / "tuning.jsonl").entries()]
     assert outcomes.count("rolled_back") == 1
@@ -127,7 +124,7 @@ def test_config_that_ooms_is_rolled_back_and_nothing_is_lost(prefect_api: None,
     summary, out = run(
         tmp_path, 1500, 2, model="qwen3.6-27b-fp8", **{
             "sim.gpu": "rtx-pro-6000", "sim.time_scale": 40.0,
-            "server.mamba_strategy": "extra_buffer", "client.concurrency_per_server": 32,
+            "server.mamba_strategy": "extra_buffer", "client.concurrency_per_server": 40,
             "sampling.max_new_tokens": 2048,
             "sim.faults": {"oom_above_mem_fraction": 0.85}})
     outcomes = [e.outcome for e in TuningLedger(out / "tuning.jsonl").entries()]

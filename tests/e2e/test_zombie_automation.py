@@ -49,9 +49,9 @@ def test_a_vanished_flow_run_is_crashed_by_the_installed_automation(tmp_path: Pa
     with running_prefect_server(tmp_path) as env:
         bad = _cli(env, "install-automation", "--heartbeat-s", "30", "--window-s", "40")
         assert bad.returncode == 2 and "window_s" in bad.stderr and "Traceback" not in bad.stderr
-        first = _cli(env, "install-automation", "--heartbeat-s", "30", "--window-s", "75")
+        first = _cli(env, "install-automation", "--heartbeat-s", "30", "--window-s", "60")
         assert first.returncode == 0 and "created" in first.stdout, first.stderr
-        again = _cli(env, "install-automation", "--heartbeat-s", "30", "--window-s", "75")
+        again = _cli(env, "install-automation", "--heartbeat-s", "30", "--window-s", "60")
         assert again.returncode == 0 and "updated" in again.stdout, again.stderr
 
         run_env = {**os.environ, **env, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}

@@ -48,6 +48,21 @@ def test_min_fleet_fraction_sees_one_server_of_four_out() -> None:
     assert frac is not None and 0.74 <= frac <= 0.76
 
 
+def test_scrapes_that_time_out_on_a_busy_client_are_not_a_stopped_server() -> None:
+    """server-2's scrapes go unanswered from t=25 to 30 (its counter kept counting: a busy
+    client machine); server-3 restarts over t=21..40 (its counter starts again from 0). Only
+    the restart lowers the fleet: three of four servers, not two."""
+    from dataclasses import replace
+
+    samples = [s for name in ("server-0", "server-1") for s in series(name, 100, 0, 60)]
+    samples += [replace(s, alive=False, gen_throughput=None) if 25 <= s.t <= 30 else s
+                for s in series("server-2", 100, 0, 60)]
+    samples += [replace(s, alive=False, gen_throughput=None) if 21 <= s.t <= 40 else s
+                for s in series("server-3", 100, 0, 60, start=9000, restart_at=41)]
+    frac = min_fleet_fraction(samples, 20, 45, 5.0)
+    assert frac is not None and 0.74 <= frac <= 0.76
+
+
 def test_pinned_pools_keep_every_memory_flag() -> None:
     flags = ServerFlags(mamba_strategy="extra_buffer", mem_fraction_static=0.25,
                         max_total_tokens=400000, max_mamba_cache_size=600)
