@@ -102,26 +102,66 @@ def _run_now(settings: Any, config_file: str | None, overrides: dict[str, Any]) 
 
     from flows.generate import generate
     from infra.ledger import PlanMismatch
+    from infra.prefect_api import use_temporary_api
     from infra.prefect_runs import crash_vanished_runs, process_tag
     from infra.prompts import InputError
     from tasks.engines import LaunchError
     from tasks.health import ServerStartFailed
 
-    for name in crash_vanished_runs():
-        err.print(f"note: flow run {name!r} was Running but its process is gone; marked "
-                  "Crashed", highlight=False, soft_wrap=True)
+    # The flow's own parameters show in the Prefect UI; the rest are overrides.
+    top = {k: overrides.pop(k) for k in ("prompts", "output", "engine", "gpus", "model")
+           if k in overrides}
+    # A flow parameter is JSON: an explicit null travels as None (job_settings).
+    params = {k: (None if v is NULL else v) for k, v in overrides.items()}
     try:
-        with _manifest_progress(settings.local_output()), tags(process_tag()):
-            # The flow's own parameters show in the Prefect UI; the rest are overrides.
-            top = {k: overrides.pop(k) for k in ("prompts", "output", "engine", "gpus", "model")
-                   if k in overrides}
-            # A flow parameter is JSON: an explicit null travels as None (job_settings).
-            params = {k: (None if v is NULL else v) for k, v in overrides.items()}
-            summary = generate(**top, config_file=config_file, overrides=params)
+        with _signals_as_interrupt():
+            use_temporary_api()
+            for name in crash_vanished_runs():
+                err.print(f"note: flow run {name!r} was Running but its process is gone; "
+                          "marked Crashed", highlight=False, soft_wrap=True)
+            with _manifest_progress(settings.local_output()), tags(process_tag()):
+                summary = generate(**top, config_file=config_file, overrides=params)
     except (InputError, PlanMismatch, LaunchError, ServerStartFailed, ValueError) as exc:
         fail(str(exc), code=1)
         return
+    except KeyboardInterrupt:
+        _report_interrupt(settings.local_output())
     _print_summary(summary)
+
+
+@contextlib.contextmanager
+def _signals_as_interrupt() -> Iterator[None]:
+    """Ctrl-C and SIGTERM raise KeyboardInterrupt wherever the main thread is: the flow is
+    marked Crashed and its fleet stopped. A handler of our own, because asyncio.run replaces
+    Python's default one with a cancel of its main task (the dispatcher then ended on the
+    servers Ctrl-C had also reached, and the run reported FleetDown)."""
+    import signal
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _report_interrupt(output: Path) -> None:
+    """One line instead of a traceback: what is safe on disk and how to go on."""
+    import signal
+
+    from infra.ledger import Ledger
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while we print: no trace
+    try:
+        done = len(Ledger(output).committed())
+    except (OSError, ValueError):
+        done = 0
+    err.print(f"interrupted: {done} shards committed in {output}; servers stopped; run the "
+              "same command again to resume", highlight=False, soft_wrap=True)
+    raise typer.Exit(130)
 
 
 @contextlib.contextmanager

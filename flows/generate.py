@@ -38,7 +38,7 @@ from tasks.servers import (
     registry_for,
     stop_fleet,
 )
-from tasks.shards import JobState, plan_shards
+from tasks.shards import JobState, plan_shards, vocabulary_warning
 from tasks.tuning.decide import NextConfig, restart_on_regression
 from tasks.tuning.ledger import TuningLedger, config_key
 from tasks.tuning.policy import pools_pinned
@@ -77,7 +77,8 @@ def preflight(settings: JobSettings, check_input: bool = True) -> list[str]:
         validate_input(settings.prompts)
     specs = build_launch_specs(settings, settings.local_output())
     engine_for(settings).check_before_start(settings)
-    warnings = [w for w in [ephemeral_port_warning([s.port for s in specs])] if w]
+    warnings = [w for w in [ephemeral_port_warning([s.port for s in specs]),
+                            vocabulary_warning(settings) if check_input else None] if w]
     if (settings.servers_per_gpu > 1 and settings.tuning.enabled
             and not pools_pinned(settings.server, model_is_hybrid(settings))):
         warnings.append(f"servers_per_gpu={settings.servers_per_gpu}: tuning is off, because "

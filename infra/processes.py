@@ -25,7 +25,9 @@ from infra.files import atomic_write
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:
+    """PR_SET_PDEATHSIG: the child gets SIGTERM when its parent dies (runs between fork and
+    exec)."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -57,7 +59,7 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path, port: int
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **env}, preexec_fn=_die_with_parent, close_fds=True,
+            env={**os.environ, **env}, preexec_fn=die_with_parent, close_fds=True,
         )
     ticks = start_ticks(proc.pid) or 0
     return proc, ProcessRecord(proc.pid, ticks, port, host, str(log_path), list(argv))

@@ -14,6 +14,7 @@ import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -139,6 +140,16 @@ def validate_input(path: Path) -> InputSummary:
         digest.update("\n".join(chunk["id"].to_list()).encode())
         digest.update(b"\n")
     return InputSummary(str(path), fmt, ids.len(), kind, digest.hexdigest(), str(ids.dtype))
+
+
+def out_of_vocabulary(path: Path, vocab_size: int) -> tuple[int, Any]:
+    """(rows whose `input_ids` hold an id outside [0, vocab_size), the first such row's id)."""
+    lf, _, kind = open_input(path)
+    if kind != "input_ids":
+        return 0, None
+    ids = pl.col("input_ids")
+    bad = lf.filter((ids.list.max() >= vocab_size) | (ids.list.min() < 0)).select("id").collect()
+    return bad.height, (bad["id"][0] if bad.height else None)
 
 
 def _empty(kind: str) -> pl.Expr:

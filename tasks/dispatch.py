@@ -35,6 +35,7 @@ from tasks.requests import (
     error_message,
     output_row,
     parse_response,
+    unsendable,
 )
 
 __all__ = [
@@ -293,6 +294,11 @@ class Dispatcher:
                 self._in_flight_by[ep.name] -= 1
 
     async def _handle(self, ep: Endpoint, client: httpx.AsyncClient, item: _Item) -> None:
+        refused = unsendable(item.row, self.opts)
+        if refused is not None:
+            self._queue.done(item)
+            await self._record_error(item, refused)
+            return
         path, body = build_request(item.row, self.opts, item.sample)
         started = time.monotonic()
         try:

@@ -30,6 +30,22 @@ class DispatchOptions:
     samples: int = 1  # n: output rows per prompt, sample_index 0..n-1
     keep_input_columns: bool = True
     prefix_key_chars: int = 0  # prefix affinity (tasks/affinity.py); 0: off
+    vocab_size: int | None = None  # the model's; None: token ids go unchecked
+
+
+def unsendable(row: dict[str, Any], opts: DispatchOptions) -> str | None:
+    """Why a row must not reach the server, or None. Real SGLang 0.5.17's scheduler dies on a
+    token id outside the vocabulary (the server is gone, and a retry on the next server kills
+    that one too): such a row is an error of its own, named, and never sent."""
+    ids = row.get("input_ids")
+    if ids is None or opts.vocab_size is None:
+        return None
+    for position, token in enumerate(ids):
+        if not 0 <= int(token) < opts.vocab_size:
+            return (f"input_ids[{position}]: token id {int(token)} is outside the model's "
+                    f"vocabulary (0..{opts.vocab_size - 1}); not sent (SGLang's scheduler "
+                    "dies on it)")
+    return None
 
 
 def sampling_for(row: dict[str, Any], opts: DispatchOptions, sample: int) -> dict[str, Any]:

@@ -18,8 +18,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra.ledger import Ledger, ManifestEntry, ShardPlan, make_plan
-from infra.prompts import iter_rows, validate_input
+from infra.prompts import iter_rows, open_input, out_of_vocabulary, validate_input
 from infra.settings import JobSettings
+from infra.sglang.profiles import model_profile
 from tasks.capacity import Capacity, client_limit
 from tasks.dispatch import Dispatcher, DispatchOptions, DispatchStats, Endpoint
 from tasks.fleet_control import FleetControl
@@ -85,6 +86,29 @@ def endpoint_of(settings: JobSettings, cap: Capacity) -> Endpoint:
                         and not settings.server.disable_radix_cache))
 
 
+def model_vocab_size(settings: JobSettings) -> int | None:
+    """The vocabulary token ids are checked against; None for a model without a profile
+    (`vocabulary_warning` tells the user before the run)."""
+    try:
+        return model_profile(settings.model, settings.weights_gib).vocab_size
+    except ValueError:
+        return None
+
+
+def vocabulary_warning(settings: JobSettings) -> str | None:
+    """Before the run: rows whose token ids real SGLang would die on, or ids left unchecked."""
+    vocab = model_vocab_size(settings)
+    if vocab is None:
+        kind = open_input(settings.prompts)[2]
+        return (f"model: {settings.model!r} has no known vocab_size; token ids go unchecked "
+                "(an id outside the vocabulary kills a real SGLang server): give a path to its "
+                "config.json") if kind == "input_ids" else None
+    bad, first = out_of_vocabulary(settings.prompts, vocab)
+    return (f"prompts: {bad} rows carry token ids outside the model's vocabulary "
+            f"(0..{vocab - 1}; the first: id {first!r}); they are recorded as errors, not sent"
+            ) if bad else None
+
+
 def generate_pending(settings: JobSettings, state: JobState, capacities: list[Capacity],
                      on_commit: OnCommit | None = None,
                      stop: threading.Event | None = None,
@@ -105,6 +129,7 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
         samples=s.n,
         keep_input_columns=settings.keep_input_columns,
         prefix_key_chars=settings.client.prefix_affinity_chars,
+        vocab_size=model_vocab_size(settings),
     )
 
     async def commit(shard: int, rows: list[dict[str, Any]],

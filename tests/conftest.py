@@ -87,6 +87,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     import time
 
     run_session.stop_shared_prefect()
+    from infra.sim.replay_worker import WORKER  # in-process flows score moves through it
+
+    WORKER.stop()
     deadline = time.monotonic() + 45  # workers' fixture teardowns (a Prefect worker: ≤ 20 s)
     left = run_session.leftover_processes()
     while left and time.monotonic() < deadline:

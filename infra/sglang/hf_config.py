@@ -195,7 +195,13 @@ def profile_from_hf_config(path: Path, weights_gib: float | None = None) -> Mode
         attention_layers=state.attention if state else None,
         mla_kv_dim=state.mla_kv_dim if state else 0,
         extra_buffer_ok=state.extra_buffer_ok if state else True,
+        vocab_size=_vocab_size(cfg, raw),
     )
+
+
+def _vocab_size(cfg: dict[str, Any], raw: dict[str, Any]) -> int | None:
+    value = cfg.get("vocab_size", raw.get("vocab_size"))
+    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 def _is_moe(cfg: dict[str, Any]) -> bool:

@@ -24,7 +24,7 @@ _QWEN36_27B = ModelProfile(
     name="Qwen/Qwen3.6-27B", architecture="Qwen3_5ForConditionalGeneration",
     num_layers=64, num_linear_layers=48, num_kv_heads=4, head_dim=256, v_head_dim=256,
     weights_gib=51.74, context_length=262144, mamba=_QWEN35_27B_MAMBA,
-    vlm_mem_factor=0.925, active_params_b=27.0,
+    vlm_mem_factor=0.925, active_params_b=27.0, vocab_size=248320,
 )
 
 MODELS: dict[str, ModelProfile] = {
@@ -37,19 +37,21 @@ MODELS: dict[str, ModelProfile] = {
         num_layers=48, num_linear_layers=36, num_kv_heads=2, head_dim=256, v_head_dim=256,
         weights_gib=148.5, context_length=262144,
         mamba=MambaShape(num_heads=32, head_dim=128, state_size=128, n_groups=16, conv_kernel=4),
-        active_params_b=3.0,
+        active_params_b=3.0, vocab_size=151936,
     ),
     # Dense contrast: every layer is full attention, so only the KV pool can bind.
     "qwen3-32b": ModelProfile(
         name="Qwen/Qwen3-32B", architecture="Qwen3ForCausalLM",
         num_layers=64, num_linear_layers=0, num_kv_heads=8, head_dim=128, v_head_dim=128,
         weights_gib=61.0, context_length=40960, active_params_b=32.0, draft_layers=0,
+        vocab_size=151936,
     ),
     # Small dense model for quick simulated runs.
     "qwen2.5-0.5b": ModelProfile(
         name="Qwen/Qwen2.5-0.5B-Instruct", architecture="Qwen2ForCausalLM",
         num_layers=24, num_linear_layers=0, num_kv_heads=2, head_dim=64, v_head_dim=64,
         weights_gib=0.92, context_length=32768, active_params_b=0.5, draft_layers=0,
+        vocab_size=151936,
     ),
 }
 

@@ -57,6 +57,9 @@ class ModelProfile:
     # SGLang 0.5.17 offers extra_buffer for GDN, KDA, Falcon-H1 and Granite hybrids; it refuses
     # it for NemotronH (measured) and LFM2, whose `auto` resolves to no_buffer
     extra_buffer_ok: bool = True
+    # Token ids a request may carry (config `vocab_size`; None: unknown). Real SGLang 0.5.17's
+    # scheduler dies on an id at or above it ("device-side assert triggered").
+    vocab_size: int | None = None
 
     @property
     def hybrid(self) -> bool:

@@ -11,7 +11,10 @@ read over the steady part of the run (from the end of the first round to the las
 
 Held to real SGLang 0.5.17 on the H200 (tests/unit/test_predict_committed.py): the
 Qwen3.6-27B shapes at four configurations within 7 % at 1,024 + 256 tokens, long mixed
-outputs within 5 %, NemotronH-4B 10 % at cap 115 (bench/real_sglang/data/2026-12-02-h200-s8/).
+outputs within 5 %, NemotronH-4B 10–11 % at caps 115 and 237 (bench/real_sglang/data/).
+
+A replay is seconds of pure Python for long outputs at a high cap, so it runs in a worker
+process of its own (`replay_worker.py`: in the generating process it stalled the dispatcher).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from infra.sglang.flags import ServerFlags
 from infra.sglang.memory import plan_memory
 from infra.sglang.profiles import GpuProfile, ModelProfile
 from infra.sglang.versions import SGLangVersion
-from infra.sim.replay import replay_requests
+from infra.sim.replay import ClosedLoopResult
+from infra.sim.replay_worker import WORKER
 from infra.sim.text import lognormal_params
 
 ROUNDS_FIXED = 4  # rounds of the cap replayed for fixed lengths (waves: the 2nd is steady)
@@ -73,5 +77,5 @@ def _cached(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags, version: S
     rounds = ROUNDS_FIXED if workload.output_p99 is None else ROUNDS_MIXED
     outs = workload.output_lengths(rounds * clients)
     rows = [(workload.prompt_tokens, out) for out in outs]
-    result = replay_requests(model, gpu, flags, version, rows, clients)
+    result: ClosedLoopResult = WORKER.replay(model, gpu, flags, version, rows, clients)
     return result.steady_tok_s or result.committed_tok_s

@@ -1,4 +1,5 @@
-"""The simulated SGLang server process: startup log lines, HTTP API, /metrics, faults.
+"""The simulated SGLang server process: startup log lines, HTTP API, /metrics (its faults:
+infra/sim/failures.py).
 
 Startup mirrors SGLang: the port is not bound until the pools are sized, /health answers 503
 until warmup, and flags that do not fit the GPU end the process with an error line and exit 1.
@@ -10,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import os
-import random
 import sys
 import time
 import uuid
@@ -32,6 +32,7 @@ from infra.sim import openai_api
 from infra.sim.config import SimConfig, parse_sim_args
 from infra.sim.constrained import output_controls
 from infra.sim.engine import SimEngine, SimRequest
+from infra.sim.failures import Failures
 from infra.sim.metrics import Snapshot
 from infra.sim.metrics import render as render_metrics
 from infra.sim.native_api import bad_request, generate_prompts, generate_refusal
@@ -52,13 +53,13 @@ from infra.sim.text import EOS_TOKEN_ID, complete, count_prompt_tokens
 class SimServer:
     """State shared by the HTTP handlers."""
 
-    def __init__(self, cfg: SimConfig, plan: MemoryPlan, engine: SimEngine) -> None:
+    def __init__(self, cfg: SimConfig, plan: MemoryPlan, engine: SimEngine,
+                 vocab_size: int | None = None) -> None:
         self.cfg = cfg
         self.plan = plan
         self.engine = engine
+        self.failures = Failures(cfg.faults, cfg.seed, vocab_size)
         self.ready = False
-        self.completed = 0
-        self.rng = random.Random(cfg.seed)
         self.started = time.time()
         self.startup_phases: dict[str, float] = {}
 
@@ -67,19 +68,6 @@ class SimServer:
         if not self.cfg.api_key:
             return True
         return request.headers.get("authorization") == f"Bearer {self.cfg.api_key}"
-
-    async def maybe_fault(self, request: Request) -> Response | None:
-        f = self.cfg.faults
-        roll = self.rng.random()
-        if roll < f.error_rate:
-            return JSONResponse({"error": {"message": "simulated internal error"}},
-                                status_code=500)
-        if roll < f.error_rate + f.reset_rate:
-            reset_connection(request)
-            await asyncio.sleep(3600)  # the connection is gone; nothing will be sent
-        if roll < f.error_rate + f.reset_rate + f.hang_rate:
-            await asyncio.sleep(3600)
-        return None
 
     async def _run_unless_abandoned(self, prompt: str | list[int], prompt_tokens: int,
                                     target: int, max_new: int,
@@ -95,17 +83,12 @@ class SimServer:
                 job.cancel()
                 raise asyncio.CancelledError
 
-    def after_completion(self) -> None:
-        self.completed += 1
-        limit = self.cfg.faults.crash_after_requests
-        if limit is not None and self.completed >= limit:
-            log("Scheduler hit an exception: simulated crash (fault injection)")
-            os._exit(1)
-
     # --- generation ------------------------------------------------------------------
     async def generate_one(self, prompt: str | list[int], sampling: dict[str, Any],
                            request: Request | None = None) -> dict[str, Any]:
         """One completion; `prompt` is text, or token ids (what SGLang calls input_ids)."""
+        if isinstance(prompt, list):
+            self.failures.die_on_unknown_token(prompt)
         prompt_tokens = (len(prompt) if isinstance(prompt, list)
                          else count_prompt_tokens(prompt))
         max_new = int(sampling.get("max_new_tokens") or 128)
@@ -121,7 +104,7 @@ class SimServer:
         req = await self._run_unless_abandoned(prompt, prompt_tokens, result.completion_tokens,
                                                max_new, request)
         latency = time.monotonic() - started
-        self.after_completion()
+        self.failures.after_completion()
         matched = result.matched_stop if result.matched_stop is not None else EOS_TOKEN_ID
         finish: dict[str, Any] = ({"type": "stop", "matched": matched}
                                   if result.finish_reason == "stop"
@@ -158,23 +141,6 @@ class SimServer:
                 "request_finished_ts": received + latency,
                 "decode_throughput": req.target_tokens / decode_s,
                 "response_sent_to_client_ts": received + latency}
-
-
-def reset_connection(request: Request) -> None:
-    """Abort the TCP connection with a RST (SO_LINGER 0), as a crashing peer would.
-
-    Reaches uvicorn's transport through the ASGI receive callable (its request cycle)."""
-    import socket
-    import struct
-
-    cycle = getattr(getattr(request, "_receive", None), "__self__", None)
-    transport = getattr(cycle, "transport", None)
-    if transport is None:
-        raise ConnectionResetError("simulated connection reset")
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    transport.abort()
 
 
 class Handlers:
@@ -227,7 +193,7 @@ class Handlers:
         problem = problem or generate_refusal(body or {}) or ""
         if prompts is None or problem:
             return bad_request(problem, openai=False)
-        fault = await self.server.maybe_fault(request)
+        fault = await self.server.failures.maybe_fault(request)
         if fault is not None:
             return fault
         try:
@@ -249,7 +215,7 @@ class Handlers:
         body = await self.read_json(request)
         if body is None:
             return bad_request("request body must be a JSON object", openai=True)
-        fault = await self.server.maybe_fault(request)
+        fault = await self.server.failures.maybe_fault(request)
         if fault is not None:
             return fault
         try:
@@ -374,7 +340,7 @@ def main(argv: list[str] | None = None) -> None:
                         enabled=not cfg.flags.disable_radix_cache)
     engine = SimEngine(plan, roofline, cfg.time_scale, log, cfg.decode_log_interval,
                        prefix_state, cache=cache, speed=degraded_speed(cfg))
-    server = SimServer(cfg, plan, engine)
+    server = SimServer(cfg, plan, engine, model.vocab_size)
     modeled = delay * cfg.time_scale  # /metrics speaks modeled GPU seconds
     server.startup_phases = {
         "load_weight": model.weights_gib / WEIGHT_LOAD_GIB_S, "kv_cache_allocation": 0.03,

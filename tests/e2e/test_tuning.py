@@ -38,10 +38,10 @@ def run(tmp_path: Path, n_prompts: int, gpus: int, **overrides: Any) -> tuple[di
 def test_seed_000_finds_the_mamba_bottleneck_and_gains_2_4x(prefect_api: None,
                                                            tmp_path: Path) -> None:
     summary, out = run(
-        tmp_path, 1500, 2, model="qwen3.6-27b-fp8", **{
+        tmp_path, 3000, 2, model="qwen3.6-27b-fp8", **{
             "sim.gpu": "rtx-pro-6000", "sim.time_scale": 20.0,
             "server.mamba_strategy": "extra_buffer", "client.concurrency_per_server": 32,
-            "sampling.max_new_tokens": 2048})
+            "sampling.max_new_tokens": 1024})
     entries = [e for e in TuningLedger(out / "tuning.jsonl").entries()
                if e.outcome == "measured" and e.tok_s_per_gpu]
     assert summary["restarts"] >= 1
@@ -76,10 +76,10 @@ def test_canary_that_loses_is_rolled_back_while_the_fleet_keeps_generating(
     # client keeps a queue of 9 over the cap of 31 (cap + 1 would leave the diagnosis to the
     # client machine's speed: a busy one reads client-bound).
     summary, out = run(
-        tmp_path, 2500, 4, model="qwen3.6-27b-fp8", **{
+        tmp_path, 5000, 4, model="qwen3.6-27b-fp8", **{
             "sim.gpu": "rtx-pro-6000", "sim.time_scale": 20.0,
             "server.mamba_strategy": "extra_buffer", "client.concurrency_per_server": 40,
-            "sampling.max_new_tokens": 2048, "tuning.canary_min_gain": 50.0,
+            "sampling.max_new_tokens": 1024, "tuning.canary_min_gain": 50.0,
             "tuning.max_restarts": 1, "tuning.restart_payback": 1.0})
     (cycle,) = summary["cycles"]
     canary = cycle["canary"]

@@ -7,6 +7,9 @@ the simulator is held to them, and the dispatcher reads both the same way.
 from __future__ import annotations
 
 import json
+import os
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -60,14 +63,52 @@ def test_sim_answers_like_a_skip_tokenizer_server(sim_fleet) -> None:
     assert bad.status_code == 400 and "input_ids" in bad.json()["error"]["message"]
 
 
+def test_sim_dies_on_a_token_outside_the_vocabulary_as_real_sglang_does(sim_fleet) -> None:
+    """Real 0.5.17 indexes past its embedding table and the scheduler dies, taking the
+    server with it; the simulator does the same, never a 200 or a 400."""
+    (h,) = sim_fleet(1, model=str(MODEL_27B), weights_gib=50.16, **{
+        "server.extra_args": ["--skip-tokenizer-init"], "sim.gpu": "h200"})
+    with pytest.raises(httpx.TransportError):
+        httpx.post(f"{h.url}/generate", json={"input_ids": [11, 248320], "sampling_params": {
+            "max_new_tokens": 8}}, timeout=10)
+    deadline = time.monotonic() + 10
+    pid = status = 0
+    while pid == 0 and time.monotonic() < deadline:  # our child: its exit status is ours
+        pid, status = os.waitpid(h.record.pid, os.WNOHANG)
+        time.sleep(0.05)
+    assert pid == h.record.pid and os.waitstatus_to_exitcode(status) == 1
+    assert "device-side assert triggered" in Path(h.log_path).read_text()
+
+
+def test_a_row_outside_the_vocabulary_is_an_error_and_never_sent() -> None:
+    from tasks.requests import unsendable
+
+    checked = replace(opts(), vocab_size=248320)
+    assert unsendable({"id": "a", "input_ids": [0, 248319]}, checked) is None
+    why = unsendable({"id": "a", "input_ids": [5, 248320, 7]}, checked)
+    assert why is not None and why.startswith("input_ids[1]: token id 248320 is outside")
+    assert "0..248319" in why
+    assert unsendable({"id": "a", "input_ids": [-1]}, checked) is not None
+    assert unsendable({"id": "a", "input_ids": [248320]}, opts()) is None  # vocab unknown
+
+
 @pytest.mark.slow
 def test_flow_runs_pre_tokenized_prompts(prefect_api: None, tmp_path: Path) -> None:
-    from flows.generate import generate
+    """One row carries an id past the vocabulary (it would kill a real server, and the next
+    one it was retried on): the run warns before it starts, records that row as an error, and
+    answers every other row once."""
+    from flows.generate import generate, preflight
+    from infra.settings import load_settings
     from tests.conftest import free_port_block
 
     src = tmp_path / "ids.jsonl"
-    src.write_text("".join(json.dumps({"id": f"p{i}", "input_ids": [i + 3] * (8 + i % 5)})
-                           + "\n" for i in range(120)))
+    rows = [{"id": f"p{i}", "input_ids": [i + 3] * (8 + i % 5)} for i in range(120)]
+    rows[57]["input_ids"] = [5, 250000, 6]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    warnings = preflight(load_settings(None, prompts=str(src), model=str(MODEL_27B),
+                                       weights_gib=50.16, **{"sim.gpu": "h200"}))
+    assert any("1 rows carry token ids outside the model's vocabulary (0..248319; the first: "
+               "id 'p57')" in w for w in warnings), warnings
     summary = generate(prompts=str(src), output=str(tmp_path / "out"), gpus=[0],
                        model=str(MODEL_27B), overrides={
                            "base_port": free_port_block(1), "weights_gib": 50.16,
@@ -75,11 +116,14 @@ def test_flow_runs_pre_tokenized_prompts(prefect_api: None, tmp_path: Path) -> N
                            "sampling.max_new_tokens": 16, "sampling.ignore_eos": True,
                            "server.extra_args": ["--skip-tokenizer-init"], "shard_size": 40,
                            "stop_grace_s": 5.0, "tuning.enabled": False})
-    assert summary["prompts_done_this_run"] == 120 and summary["errors_this_run"] == 0
+    assert summary["prompts_done_this_run"] == 119 and summary["errors_this_run"] == 1
     shards = pl.read_parquet(tmp_path / "out" / "shards" / "*.parquet")
-    assert shards["completion"].null_count() == 120
-    assert shards["output_ids"].list.len().to_list() == [16] * 120
-    assert sorted(shards["id"].to_list()) == sorted(f"p{i}" for i in range(120))
+    assert shards["completion"].null_count() == 119 and "p57" not in shards["id"].to_list()
+    errors = pl.read_parquet(tmp_path / "out" / "errors" / "*.parquet")
+    assert errors["id"].to_list() == ["p57"]
+    assert errors["error"][0].startswith("input_ids[1]: token id 250000 is outside")
+    assert shards["output_ids"].list.len().to_list() == [16] * 119
+    assert sorted(shards["id"].to_list()) == sorted(f"p{i}" for i in range(120) if i != 57)
 
 
 def test_real_shard_from_the_h200_run_has_the_same_columns() -> None:

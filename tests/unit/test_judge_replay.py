@@ -1,0 +1,98 @@
+"""The first-wave misjudgement, replayed on the simulator's own scheduler in modeled time.
+
+A canary restarted into no_buffer (the Qwen3.6-27B shapes on an H200: cap 82) beside servers
+that have run extra_buffer (cap 49) for minutes, every server answering outputs of a reasoning
+model's lengths (lognormal, mean 1,000, p99 8,000 tokens). The canary's batch starts at once,
+so over its first windows only its short answers have finished: the finished-token counter,
+which the judge once read, has it at two thirds of the control while it is in fact ~1.19×
+faster (what real SGLang measured for this move at 1,024 + 256: 1.19×). Deterministic: the
+same scheduler, the same request list, no wall clock (tests/unit/test_judge.py models the
+counters by hand; this replays them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from infra.sglang.flag_parser import parse_server_flags
+from infra.sglang.profiles import gpu_profile, model_profile
+from infra.sglang.versions import parse_version
+from infra.sim.predict import Workload
+from infra.sim.replay import replay_engine
+from tasks.monitor import Sample
+from tasks.tuning.canary import MIN_JUDGE_WINDOWS
+from tasks.tuning.judge import group_rates, judge
+
+MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "models" / "qwen3.6-27b-text"
+WINDOW = 20.0
+UNTIL = 8 * WINDOW
+TICK = 0.5  # the monitor's sample interval
+BAR = 1.03  # tuning.canary_min_gain's default
+
+
+async def _sampled(strategy: str, server: str, warm_s: float) -> list[Sample]:
+    """One server's scrapes every TICK modeled seconds over [0, UNTIL], after `warm_s` of
+    running (0: it starts at t=0, as a restarted canary does), its client keeping the cap plus
+    four requests in flight."""
+    flags = parse_server_flags(["--mem-fraction-static", "0.9",
+                                "--mamba-radix-cache-strategy", strategy])
+    engine = replay_engine(model_profile(str(MODEL), 50.16), gpu_profile("h200"), flags,
+                           parse_version("0.5.17"))
+    lengths = iter(Workload(1024, 1000, 8000).output_lengths(20000))
+
+    async def client() -> None:
+        while True:
+            await engine.submit(1024, next(lengths))
+
+    tasks = [asyncio.create_task(engine.run())]
+    tasks += [asyncio.create_task(client()) for _ in range(engine.plan.max_running_requests + 4)]
+    rows, t = [], 0.0
+    while t <= UNTIL:
+        while engine._modeled_clock < t + warm_s:
+            await asyncio.sleep(0)
+        st = engine.stats
+        rows.append(Sample(t, 1, server, True, st.running, st.queued, None, None,
+                           st.gen_throughput, float(st.generation_tokens_total), 0.0, None,
+                           float(st.requests_total), float(st.decode_tokens_total)))
+        t += TICK
+    for task in tasks:
+        task.cancel()
+    return rows
+
+
+@cache
+def fleet() -> tuple[Sample, ...]:
+    canary = asyncio.run(_sampled("no_buffer", "server-3", 0.0))
+    control = asyncio.run(_sampled("extra_buffer", "server-0", 200.0))
+    rows = canary + [replace(s, server=f"server-{i}") for s in control for i in range(3)]
+    return tuple(sorted(rows, key=lambda s: (s.t, s.server)))
+
+
+def test_finished_counters_over_the_first_windows_read_the_faster_move_as_slower() -> None:
+    finished_only = [replace(s, decode_tokens_total=None) for s in fleet()]
+    first, firsts = group_rates(finished_only, WINDOW, MIN_JUDGE_WINDOWS * WINDOW,
+                                {"server-3"}, 1.0)
+    steady, steadies = group_rates(list(fleet()), UNTIL / 2, UNTIL, {"server-3"}, 1.0)
+    assert first is not None and firsts is not None and first / firsts < 0.8
+    assert steady is not None and steadies is not None and steady / steadies > 1.1
+
+
+def test_the_judge_waits_for_the_turnover_and_rolls_the_faster_move_out() -> None:
+    rows = list(fleet())
+    steady, steadies = group_rates(rows, UNTIL / 2, UNTIL, {"server-3"}, 1.0)
+    assert steady is not None and steadies is not None
+    t = MIN_JUDGE_WINDOWS * WINDOW
+    verdict = None
+    while t <= UNTIL:
+        verdict = judge([s for s in rows if s.t <= t], WINDOW, t, {"server-3"}, 1.0, BAR,
+                        final=False)
+        if verdict.decision != "wait":
+            break
+        t += WINDOW
+    assert verdict is not None and verdict.decision == "better", verdict
+    assert verdict.gain == pytest.approx(steady / steadies, rel=0.10)
