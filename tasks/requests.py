@@ -38,7 +38,9 @@ def unsendable(row: dict[str, Any], opts: DispatchOptions) -> str | None:
     token id outside the vocabulary (the server is gone, and a retry on the next server kills
     that one too): such a row is an error of its own, named, and never sent."""
     ids = row.get("input_ids")
-    if ids is None or opts.vocab_size is None:
+    if ids is None or opts.vocab_size is None or not ids:
+        return None
+    if min(ids) >= 0 and max(ids) < opts.vocab_size:  # the hot path: C-level scans only
         return None
     for position, token in enumerate(ids):
         if not 0 <= int(token) < opts.vocab_size:
