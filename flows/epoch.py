@@ -8,6 +8,7 @@ to start, what the watch saw, and the hardware the policy reasons about.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,7 @@ def run_epoch(settings: JobSettings, state: JobState, ctx: JobContext, tuner: Tu
                 raise  # nothing known to work: the user's config must be fixed
             return EpochOutcome(exc, None, hw, settings)
         ctx.logger.info("epoch %d: %d servers healthy after %.1f s", epoch, len(handles), took)
+        ctx.totals.startup_s += took
         if ctx.totals.cycles:
             ctx.totals.cycles[-1].next_fleet_up(took)
         result, hw = _serve(live, state, ctx, tuner, epoch, fleet, took)
@@ -117,9 +119,11 @@ def _serve(live: LiveConfig, state: JobState, ctx: JobContext, tuner: TunerState
                                        lambda: watch)
     watch.on_asymmetric = asymmetry_handler(live, fleet, ctx, tuner, hw, epoch, lambda: watch)
     watch.start()
+    began = time.monotonic()
     try:
         stats = generate_shards(settings, state, caps, ctx.progress, watch.stop, fleet.control)
     finally:
+        ctx.totals.generating_s += time.monotonic() - began
         fleet.abort.set()  # a canary cycle in progress gives up; no server starts after this
         result = watch.close()
     if not result.triggered and result.last_check:

@@ -78,6 +78,10 @@ class RunTotals:
     # on: tasks/affinity.py), so a move there keeps the reuse
     primes_groups: bool = False
     primers: int = 0  # primers sent (no_buffer servers)
+    # Wall seconds the fleets took to come up, and spent generating (every epoch summed):
+    # what a start-up costs beside the rate the servers held while they worked.
+    startup_s: float = 0.0
+    generating_s: float = 0.0
     capacities: list[Capacity] = field(default_factory=list)
     caps_by_epoch: dict[int, dict[str, int]] = field(default_factory=dict)  # for the report
     cycles: list[Cycle] = field(default_factory=list)

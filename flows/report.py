@@ -201,12 +201,14 @@ def _epoch_spans(samples: list[Sample]) -> dict[int, tuple[float, float]]:
 def write_report(output: Path, summary: RunSummary | dict[str, Any], samples: list[Sample],
                  cycles: list[dict[str, Any]], time_scale: float,
                  caps: dict[int, dict[str, int]] | None = None) -> tuple[Path, str]:
-    """Write report.md and report.png; return the markdown path and the artifact text
-    (the same markdown with the picture embedded)."""
+    """Write report.md, report.png and summary.json (the summary's fields, for scripts: this
+    run's, replaced by the next run's); return the markdown path and the artifact text (the
+    same markdown with the picture embedded)."""
     clock = ("wall clock" if time_scale == 1
              else f"modeled GPU time = wall-clock rate ÷ {time_scale:g}")
     if not isinstance(summary, RunSummary):
         summary = RunSummary.model_validate(summary)
+    (output / "summary.json").write_text(summary.model_dump_json(indent=1) + "\n")
     png = plot_png(samples, caps or {}, time_scale, summary.seconds, clock)
     (output / "report.png").write_bytes(png)
     body = _markdown(summary, cycles)

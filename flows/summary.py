@@ -47,6 +47,8 @@ class RunSummary(BaseModel):
     prefix_affinity_chars: int = 0
     client_concurrency: int | None = None  # client.concurrency_per_server, when set
     primers: int = 0  # groups whose shared prefix went first to a no_buffer server
+    startup_s: float = 0.0  # wall seconds the fleets took to come up (all epochs)
+    generating_s: float = 0.0  # wall seconds spent generating (all epochs)
 
 
 def summary_lines(summary: RunSummary | dict[str, Any]) -> list[str]:
@@ -57,6 +59,10 @@ def summary_lines(summary: RunSummary | dict[str, Any]) -> list[str]:
         f"output: {s.output_tokens:,} tokens in {s.seconds:,} s of wall clock = "
         f"{s.tok_s:,} tok/s",
     ]
+    if s.generating_s > 0:
+        lines.append(
+            f"time: {s.startup_s:,.1f} s starting servers, {s.generating_s:,.1f} s generating "
+            f"= {s.output_tokens / s.generating_s:,.1f} tok/s while generating")
     if s.time_scale != 1.0:
         lines.append(
             f"simulated fleet: time_scale {s.time_scale:g} (the simulator runs "

@@ -24,6 +24,10 @@
 #                                      AFF_MODES=on runs only the second
 #   limits [S] carry [".real-sglang"]  retraction under a small KV pool and prefix-cache reuse
 #                                      under each mamba strategy (probe_limits.py)
+#   vsbench TOML NAME ROWS IN OUT RATIO CONC
+#              carry [".real-sglang", ".whlx"] (after deps) the pipeline against
+#                                      `sglang.benchmark.serving` on the same server, prompts
+#                                      and concurrency (vs_bench.py): one JSON line
 #   long PLAN [NAME] [BUDGET_S]
 #              carry [".real-sglang"]  the servers and closed-loop workloads of a plan
 #                                      (bench/real_sglang/plans/*.json, probe_long.py): long
@@ -196,6 +200,13 @@ limits)
   need_deps
   PYTHONPATH=$D:$ROOT timeout 590 python3 bench/real_sglang/probe_limits.py --out $OUT \
     --budget-s "${2:-540}" "${@:3}" 2>&1 | tee $OUT/limits.log
+  ;;
+vsbench)
+  need_deps
+  PYTHONPATH=$D:$ROOT timeout 590 python3 bench/real_sglang/vs_bench.py --config "$2" --name "$3" \
+    --rows "$4" --input-len "$5" --output-len "$6" --ratio "$7" --conc "$8" --out "/tmp/vs-$3" \
+    2> >(tee "$OUT/vs-$3.stderr" >&2) | tee "$OUT/vs-$3.json"
+  tar -czf "$OUT/vs-$3.tar.gz" --exclude='*.parquet' --exclude=prompts.jsonl -C /tmp "vs-$3"
   ;;
 long)
   cp -r bench/real_sglang/models/. .real-sglang/models/  # configs of shapes SGLang's copy lacks

@@ -138,13 +138,18 @@ def slow_servers(diag: Diagnosis) -> list[tuple[str, float, float]]:
     if len(speeds) < 2:
         return []
     median = statistics.median(speeds)
-    return [(w.server, w.tok_s, median) for w in diag.servers if _slow(w, median)]
+    held = statistics.median(w.running for w in diag.servers)
+    return [(w.server, w.tok_s, median) for w in diag.servers if _slow(w, median, held)]
 
 
-def _slow(w: ServerWindow, median: float) -> bool:
-    """Under SLOW_SHARE × the median *with work waiting*: a server that runs out of work at
-    the job's end (a queue of 0) is not a slow GPU, and restarting it gains nothing."""
-    return median > 0 and w.tok_s < SLOW_SHARE * median and w.queued >= 1
+def _slow(w: ServerWindow, median: float, median_running: float) -> bool:
+    """Under SLOW_SHARE × the median tok/s *with work*: requests queued, or at least as many
+    running as the median server. A server that runs out of work at the job's end (nothing
+    queued, fewer running) is not a slow GPU, and restarting it gains nothing; a slow GPU
+    holds its requests longer, so it keeps its running count even when the client refills
+    slowly and its queue reads 0 (a starved client, a loaded box)."""
+    has_work = w.queued >= 1 or w.running >= median_running
+    return median > 0 and w.tok_s < SLOW_SHARE * median and has_work
 
 
 def diagnose(windows: list[ServerWindow], caps: dict[str, int],
@@ -163,7 +168,8 @@ def diagnose(windows: list[ServerWindow], caps: dict[str, int],
                          windows)
     speeds = [w.tok_s for w in windows]
     median = statistics.median(speeds)
-    slow = [w for w in windows if _slow(w, median)]
+    held = statistics.median(w.running for w in windows)
+    slow = [w for w in windows if _slow(w, median, held)]
     if len(windows) > 1 and slow:
         names = ", ".join(f"{w.server} {w.tok_s:,.0f} tok/s" for w in slow)
         return Diagnosis("asymmetric", f"{names} vs a median of {median:,.0f} tok/s: a GPU "

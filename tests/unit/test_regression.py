@@ -55,9 +55,15 @@ def test_one_slow_gpu_is_asymmetric_and_a_dead_one_unhealthy() -> None:
                  EB_PLAN)
     assert d.kind == "asymmetric" and "s2" in d.evidence
     # the same rates at the job's end, s2 with nothing left queued: not a slow GPU
-    idle = diagnose([w("s0"), w("s1"), w("s2", tok=200.0, queued=0)],
+    idle = diagnose([w("s0"), w("s1"), w("s2", tok=200.0, queued=0, running=12)],
                     {"s0": 31, "s1": 31, "s2": 31}, EB_PLAN)
     assert idle.kind != "asymmetric"
+    # a slow GPU whose client refills slowly (a loaded box): no queue, but it holds as many
+    # requests as the others and makes 0.4× the tokens — still slow
+    starved = diagnose([w("s0", queued=0, running=28), w("s1", queued=0, running=27),
+                        w("s2", tok=200.0, queued=0, running=31)],
+                       {"s0": 31, "s1": 31, "s2": 31}, EB_PLAN)
+    assert starved.kind == "asymmetric" and "s2" in starved.evidence
     d = diagnose([w("s0"), w("s1", alive=False)], {"s0": 31}, EB_PLAN)
     assert d.kind == "unhealthy" and "s1" in d.evidence
 

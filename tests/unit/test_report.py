@@ -4,6 +4,7 @@ in the Prefect artifact, and a summary that says which clock its tok/s are in.""
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
 
 from flows.report import restart_times, token_rates, write_report
@@ -64,6 +65,17 @@ def test_report_png_is_embedded_in_the_artifact(tmp_path: Path) -> None:
     assert "](report.png)" in md_path.read_text()
     encoded = artifact.split("data:image/png;base64,", 1)[1].split(")", 1)[0]
     assert base64.b64decode(encoded) == png
+    written = json.loads((tmp_path / "summary.json").read_text())  # for scripts
+    assert {k: written[k] for k in summary(20.0)} == summary(20.0)
+    assert written["generating_s"] == 0.0  # a field the flow fills, there with its default
+
+
+def test_summary_splits_start_up_from_generating() -> None:
+    """The rate while generating is what SGLang's own benchmark reports (bench/real_sglang/
+    vs_bench.py compares the two); start-ups are what a restart costs."""
+    lines = summary_lines({**summary(1.0), "startup_s": 95.5, "generating_s": 4.0})
+    assert "time: 95.5 s starting servers, 4.0 s generating = 500.0 tok/s while generating" in lines
+    assert not any(line.startswith("time:") for line in summary_lines(summary(1.0)))
 
 
 def test_summary_says_which_clock() -> None:
