@@ -294,12 +294,15 @@ def export(
                                      "row with every column")] = "openai-batch",
 ) -> None:
     """Export completions as OpenAI batch output JSONL, or as plain JSONL rows."""
-    from infra.export import export_jsonl, export_openai_batch
+    from infra.export import export_jsonl, export_openai_batch, export_target_problem
 
     if not (output / "plan.json").is_file():
         fail(f"{output} has no plan.json: not an expansion output folder")
     if fmt not in ("openai-batch", "jsonl"):
         fail(f"--format: {fmt!r} is not openai-batch or jsonl")
+    problem = export_target_problem(to)
+    if problem:
+        fail(problem)
     count = (export_openai_batch(output, to, model) if fmt == "openai-batch"
              else export_jsonl(output, to))
     console.print(f"wrote {count} lines to {to}")

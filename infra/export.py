@@ -6,6 +6,7 @@ Streams shard by shard, so the export of a 10M-row job needs one shard in memory
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +17,10 @@ import polars as pl
 from infra.ledger import Ledger
 
 
-def _ok_line(samples: list[dict[str, Any]], model: str) -> dict[str, Any]:
-    """One input row's answer: its n samples as the choices of one chat completion."""
+def _ok_line(samples: list[dict[str, Any]], model: str, created: int) -> dict[str, Any]:
+    """One input row's answer: its n samples as the choices of one chat completion (with
+    the `id` and `created` the openai SDK's ChatCompletion requires; created = the shard's
+    commit time)."""
     first = samples[0]
     prompt = first.get("prompt_tokens") or 0
     completion = sum(r.get("completion_tokens") or 0 for r in samples)
@@ -32,6 +35,7 @@ def _ok_line(samples: list[dict[str, Any]], model: str) -> dict[str, Any]:
         "id": f"batch_req_{first['id']}",
         "custom_id": str(first["id"]),
         "response": {"status_code": 200, "request_id": f"req_{first['id']}", "body": {
+            "id": f"chatcmpl-{first['id']}", "created": created,
             "object": "chat.completion", "model": first.get("model") or model,
             "choices": choices, "usage": usage}},
         "error": None,
@@ -61,7 +65,7 @@ def openai_batch_lines(output: Path, model: str) -> Iterator[str]:
         if entry.rows:
             rows = pl.read_parquet(output / entry.path).iter_rows(named=True)
             for samples in _by_id(rows):
-                yield json.dumps(_ok_line(samples, model))
+                yield json.dumps(_ok_line(samples, model, int(entry.committed_at)))
         if entry.error_path:
             for row in pl.read_parquet(output / entry.error_path).iter_rows(named=True):
                 yield json.dumps(_error_line(row))
@@ -70,13 +74,33 @@ def openai_batch_lines(output: Path, model: str) -> Iterator[str]:
 def export_openai_batch(output: Path, target: Path, model: str) -> int:
     """Write the batch output file; returns the number of lines."""
     count = 0
-    tmp = target.with_name(f".{target.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with _replacing(target) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         for line in openai_batch_lines(output, model):
             fh.write(line + "\n")
             count += 1
-    tmp.replace(target)
     return count
+
+
+def export_target_problem(target: Path) -> str | None:
+    """Why `target` cannot be written as the export file (None: it can), checked before
+    any shard is read."""
+    if target.is_dir():
+        return f"--to: {target} is a folder; give a file path, e.g. {target / 'batch.jsonl'}"
+    if not target.parent.is_dir():
+        return f"--to: folder {target.parent} does not exist; create it or choose another"
+    return None
+
+
+@contextlib.contextmanager
+def _replacing(target: Path) -> Iterator[Path]:
+    """A temp file beside `target` that replaces it when the block succeeds and is removed
+    when it fails: an export never leaves half a file under either name."""
+    tmp = target.with_name(f".{target.name}.tmp")
+    try:
+        yield tmp
+        tmp.replace(target)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def export_jsonl(output: Path, target: Path) -> int:
@@ -84,12 +108,10 @@ def export_jsonl(output: Path, target: Path) -> int:
     JSON lines, shard by shard; error rows are left to errors/ (different columns)."""
     ledger = Ledger(output)
     count = 0
-    tmp = target.with_name(f".{target.name}.tmp")
-    with open(tmp, "wb") as fh:
+    with _replacing(target) as tmp, open(tmp, "wb") as fh:
         for entry in sorted(ledger.committed().values(), key=lambda e: e.shard):
             if entry.rows:
                 frame = pl.read_parquet(output / entry.path)
                 frame.write_ndjson(fh)
                 count += frame.height
-    tmp.replace(target)
     return count

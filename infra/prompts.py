@@ -11,6 +11,7 @@ reported before any GPU time is spent, naming the row or column.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +63,8 @@ def _normalize(lf: pl.LazyFrame, path: Path) -> tuple[pl.LazyFrame, str, str]:
     try:
         cols = lf.collect_schema().names()
     except pl.exceptions.PolarsError as exc:
-        raise InputError(f"prompts: {path} is not valid JSONL/Parquet: {_first_line(exc)}") from exc
+        raise InputError(f"prompts: {path} is not valid JSONL/Parquet: {_unreadable(path, exc)}"
+                         ) from exc
     if "custom_id" in cols and "body" in cols:
         body = pl.col("body")
         schema = lf.collect_schema()["body"]
@@ -101,6 +103,24 @@ def _first_line(exc: Exception) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
+def _unreadable(path: Path, exc: Exception) -> str:
+    """Why polars could not read the file, with the line that breaks it: polars names a
+    character offset within its block ("TapeError at character 22"), not the line. Only on
+    this error path is the file re-read line by line."""
+    if path.suffix == ".parquet" or not path.is_file():
+        return _first_line(exc)
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                json.loads(line.rstrip("\r\n"))
+            except json.JSONDecodeError as bad:
+                return (f"line {lineno}: {bad.msg} at column {bad.colno}; each line must be "
+                        "one JSON object")
+    return _first_line(exc)
+
+
 def open_input(path: Path) -> tuple[pl.LazyFrame, str, str]:
     lf, fmt, kind = _normalize(_scan(path), path)
     return lf, fmt, kind
@@ -118,7 +138,7 @@ def validate_input(path: Path) -> InputSummary:
         ids = source.select(pl.col("id")).collect()["id"]
         bad = lf.with_row_index("row").filter(_empty(kind)).select("row", "id").head(1).collect()
     except pl.exceptions.PolarsError as exc:
-        raise InputError(f"prompts: {path}: {_first_line(exc)}") from exc
+        raise InputError(f"prompts: {path}: {_unreadable(path, exc)}") from exc
     if ids.null_count():
         row = ids.is_null().arg_true()[0]
         raise InputError(f"prompts: {path} row {row}: `id` is missing; give every row an id")

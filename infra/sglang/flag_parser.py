@@ -64,8 +64,14 @@ def parse_server_flags(argv: list[str]) -> ServerFlags:
     """A pasted SGLang command line → ServerFlags; an unknown flag is a ValueError naming it.
 
     Launch-only flags (`--model-path`, `--host`, `--port`, ...) are accepted and ignored."""
-    parser = argparse.ArgumentParser(prog="sglang flags", add_help=False, exit_on_error=False)
+    # no abbreviations: `--mem-fraction 0.9` is not silently `--mem-fraction-static`
+    parser = argparse.ArgumentParser(prog="sglang flags", add_help=False, exit_on_error=False,
+                                     allow_abbrev=False)
     add_server_flags(parser)
+    # `expansion run`'s name for the strategy, so one spelling works in both commands (not
+    # SGLang's: the simulator, which reads argv as SGLang does, refuses it)
+    _, strategies = _scalar(ServerFlags.model_fields["mamba_strategy"].annotation)
+    parser.add_argument("--mamba-strategy", dest="mamba_strategy", choices=strategies)
     for name in ("--model-path", "--model", "--host", "--port", "--api-key", "--config"):
         parser.add_argument(name)
     try:

@@ -32,6 +32,8 @@ def test_old_and_new_names_of_a_renamed_flag_both_parse() -> None:
     old = parse_server_flags(["--mamba-scheduler-strategy", "no_buffer"])
     new = parse_server_flags(["--mamba-radix-cache-strategy", "no_buffer"])
     assert old == new == ServerFlags(mamba_strategy="no_buffer")
+    # `expansion run --mamba-strategy` works in `expansion plan` too
+    assert parse_server_flags(["--mamba-strategy", "no_buffer"]) == new
 
 
 def test_every_server_flags_field_is_a_flag() -> None:
@@ -47,6 +49,7 @@ def test_every_server_flags_field_is_a_flag() -> None:
     (["--no-such-flag", "1"], "--no-such-flag"),
     (["--mamba-radix-cache-strategy", "fast"], "--mamba-radix-cache-strategy"),
     (["--max-running-requests", "many"], "--max-running-requests"),
+    (["--mem-fraction", "0.9"], "--mem-fraction: not a server flag"),  # no abbreviations
 ])
 def test_a_bad_flag_is_an_error_naming_it(argv: list[str], named: str) -> None:
     with pytest.raises(ValueError, match=named):

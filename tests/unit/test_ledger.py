@@ -109,3 +109,17 @@ def test_openai_batch_export_has_one_line_per_input(tmp_path: Path) -> None:
     assert ok["choices"][0]["message"]["content"] == "b"
     assert ok["choices"][0]["finish_reason"] == "length" and ok["usage"]["total_tokens"] == 7
     assert by_id["p3"]["response"] is None and "too long" in by_id["p3"]["error"]["message"]
+    # the body is what the openai SDK reads as a ChatCompletion
+    from openai.types.chat import ChatCompletion
+
+    parsed = ChatCompletion.model_validate(ok)
+    assert parsed.id == "chatcmpl-p1" and parsed.created > 1_700_000_000
+    assert [p.name for p in target.parent.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_export_refuses_a_folder_or_a_missing_parent_before_reading(tmp_path: Path) -> None:
+    from infra.export import export_target_problem
+
+    assert "is a folder; give a file path" in (export_target_problem(tmp_path) or "")
+    assert "does not exist" in (export_target_problem(tmp_path / "no" / "x.jsonl") or "")
+    assert export_target_problem(tmp_path / "x.jsonl") is None

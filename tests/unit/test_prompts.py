@@ -80,8 +80,8 @@ def test_non_utf8_names_the_line(tmp_path: Path) -> None:
 
 def test_malformed_json_and_missing_file(tmp_path: Path) -> None:
     path = tmp_path / "p.jsonl"
-    path.write_text('{"id": 1, "prompt": "ok"}\n{"id": 2, "prompt": \n')
-    with pytest.raises(InputError):
+    path.write_text('{"id": 1, "prompt": "ok"}\n\n{"id": 2, "prompt": \n')
+    with pytest.raises(InputError, match="line 3: Expecting value at column 21"):
         validate_input(path)
     with pytest.raises(InputError, match="does not exist"):
         validate_input(tmp_path / "missing.jsonl")
