@@ -18,7 +18,10 @@ err = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, widt
 
 
 def fail(message: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    from rich.markup import escape
+
+    # escaped: a message's own brackets ('expansion[sglang]', a list) are text, not markup
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -217,17 +217,27 @@ def diagnose(
                                 startup.get("max_mamba_cache_size"), None)
         since = samples[-1].t - max(seconds, 60.0) if samples else 0.0
     elif urls:
+        import httpx
+
+        bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+        if bad:
+            fail(f"{bad[0]}: a server URL needs its scheme: http://{bad[0]}")
         names = {f"server-{i}": u.rstrip("/") for i, u in enumerate(urls)}
+        answered = 0
         for name, url in names.items():
             try:
-                info = parse_server_info(get_server_info(url, api_key))
-            except (ServerAnswerError, OSError) as exc:
+                info = parse_server_info(get_server_info(url, api_key, timeout_s=5.0))
+            except (ServerAnswerError, httpx.HTTPError, OSError) as exc:
                 err.print(f"{url}: {exc}")
                 continue
+            answered += 1
             if info.max_running_requests:
                 caps[name] = info.max_running_requests
             pools = pools or pools_from_caps(info.max_running_requests,
                                              info.max_mamba_cache_size, info.mamba_strategy)
+        if not answered:
+            fail(f"no server answered at {', '.join(names.values())}: is it up, and are "
+                 "host and port right?")
         t0 = time.monotonic()
         while time.monotonic() - t0 < seconds:
             samples += [sample_server(n, u, api_key, time.monotonic() - t0, 1)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from expansion.cli_common import app, console, err, fail, parse_gpus, parse_sets
@@ -96,7 +97,7 @@ def _run_now(settings: Any, config_file: str | None, overrides: dict[str, Any]) 
         fail(str(exc))
         return
     for warning in warnings:
-        err.print(f"[bold yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+        err.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     configure_local_prefect()
     from prefect import tags
 
@@ -228,7 +229,7 @@ def _print_launch_commands(settings: Any) -> None:
 
     warning = ephemeral_port_warning([s.port for s in specs])
     if warning:
-        err.print(f"[bold yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+        err.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     for spec in specs:
         print(spec.shell_line())
 

@@ -23,6 +23,7 @@ from flows.job import Cycle, Progress, RunTotals, cycles_artifact, hardware_of
 from flows.report import write_report
 from flows.summary import RunSummary, ServerSummary, format_summary
 from infra.input_lengths import InputLengths, sample_lengths
+from infra.locations import location_problem
 from infra.processes import ephemeral_port_warning
 from infra.prompts import validate_input
 from infra.settings import NULL, JobSettings, load_settings
@@ -77,6 +78,9 @@ def preflight(settings: JobSettings, check_input: bool = True) -> list[str]:
         validate_input(settings.prompts)
     specs = build_launch_specs(settings, settings.local_output())
     engine_for(settings).check_before_start(settings)
+    problem = location_problem(settings)
+    if problem:
+        raise ValueError(problem)
     warnings = [w for w in [ephemeral_port_warning([s.port for s in specs]),
                             vocabulary_warning(settings) if check_input else None] if w]
     if (settings.servers_per_gpu > 1 and settings.tuning.enabled

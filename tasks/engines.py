@@ -72,6 +72,33 @@ class RealSGLang(Engine):
                 "set sglang_version (and python) to the SGLang that runs on the GPU nodes")
         return found
 
+    def check_before_start(self, settings: JobSettings) -> None:
+        """Also: SGLang is importable by the Python that launches it (without this the first
+        launch failed 40 s in, after Prefect had started, with a 46-line traceback)."""
+        super().check_before_start(settings)
+        python = settings.python or sys.executable
+        if not module_importable(python, "sglang"):
+            raise ValueError(
+                f"python: SGLang is not installed for {python}; install 'expansion[sglang]' "
+                "there, or set python to the interpreter on the GPU nodes that has it")
+
+
+def module_importable(python: str, module: str) -> bool:
+    """Whether `python` finds `module` (its spec only: importing SGLang takes seconds)."""
+    import subprocess
+
+    if python == sys.executable:
+        import importlib.util
+
+        return importlib.util.find_spec(module) is not None
+    try:
+        done = subprocess.run([python, "-c", "import importlib.util, sys; sys.exit("
+                               f"importlib.util.find_spec({module!r}) is None)"],
+                              capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
 
 class SimulatedSGLang(Engine):
     name = "sim"

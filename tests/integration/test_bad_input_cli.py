@@ -46,6 +46,20 @@ CASES: list[tuple[str, str | bytes | None, list[str], str]] = [
     ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]), ["--output", "s3://"], "output"),
     ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]), ["--config", "missing.toml"],
      "does not exist"),
+    # where the job writes, checked before Prefect starts (#27: these were tracebacks 20–40 s in)
+    ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]), ["--output", "ok.jsonl"],
+     "is a file; give a folder path"),
+    ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]), ["--output", "ok.jsonl/sub"],
+     "which is a file; choose another path"),
+    ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]),
+     ["--upload-to", "s3://bkt/x", "--set", "storage.endpoint_url=http://127.0.0.1:9"],
+     "upload_to: "),
+    ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]),
+     ["--output", "s3://bkt/x", "--set", "storage.endpoint_url=http://127.0.0.1:9"],
+     "output: "),
+    ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]),
+     ["--engine", "sglang", "--set", "sglang_version=0.5.17", "--set", "python=/no/python"],
+     "python: SGLang is not installed for /no/python; install 'expansion[sglang]'"),
 ]
 
 
@@ -92,3 +106,18 @@ def test_the_entry_point_gives_the_same_line(
             "--output", str(out), *extra]
     proc = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert_one_clear_line(proc.returncode, proc.stderr, needle, out)
+
+
+@pytest.mark.parametrize(("urls", "needle"), [
+    (["127.0.0.1:9"], "127.0.0.1:9: a server URL needs its scheme: http://127.0.0.1:9"),
+    (["http://127.0.0.1:9"], "no server answered at http://127.0.0.1:9"),
+])
+def test_diagnose_of_a_bad_url_is_one_line(urls: list[str], needle: str) -> None:
+    from typer.testing import CliRunner
+
+    from expansion.cli import app
+
+    result = CliRunner().invoke(app, ["diagnose", *urls])
+    assert result.exit_code != 0
+    assert needle in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) <= 3
