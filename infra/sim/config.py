@@ -51,6 +51,7 @@ class SimConfig:
     seed: int = 0
     accept_len: float | None = None
     decode_log_interval: int = 40
+    attention_backend: str | None = None  # SGLang's --attention-backend (checked at start)
     skip_tokenizer_init: bool = False  # SGLang then takes input_ids only, answers output_ids
     weights_gib: float | None = None  # for a config.json model folder without an index
     faults: Faults = field(default_factory=Faults)
@@ -67,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     add_server_flags(p)  # every ServerFlags field, by SGLang's names
     p.add_argument("--decode-log-interval", type=int, default=40)
     p.add_argument("--skip-tokenizer-init", action="store_true")
+    p.add_argument("--attention-backend")
     return p
 
 
@@ -117,7 +119,7 @@ def parse_sim_args(argv: list[str], env: dict[str, str] | None = None) -> SimCon
         seed=int(env.get("EXPANSION_SIM_SEED", "0")),
         accept_len=float(accept) if accept else None,
         decode_log_interval=ns.decode_log_interval,
-        skip_tokenizer_init=ns.skip_tokenizer_init,
+        skip_tokenizer_init=ns.skip_tokenizer_init, attention_backend=ns.attention_backend,
         weights_gib=float(env["EXPANSION_SIM_WEIGHTS_GIB"]) if env.get("EXPANSION_SIM_WEIGHTS_GIB")
         else None,
         faults=faults,

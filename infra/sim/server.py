@@ -45,6 +45,7 @@ from infra.sim.startup import (
     fail_start,
     log,
     modeled_startup_s,
+    refused_backend,
     startup_lines,
 )
 from infra.sim.text import EOS_TOKEN_ID, complete, count_prompt_tokens
@@ -312,6 +313,9 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as exc:
         fail_start(str(exc))
         return
+    refused = refused_backend(model.architecture, cfg.attention_backend)
+    if refused:
+        fail_start(refused, kind="AssertionError")
     free_before = gpu.total_gib - gpu.context_gib
     delay = cfg.faults.start_delay_s
     if delay is None:

@@ -29,6 +29,25 @@ def fail_start(message: str, kind: str = "ValueError") -> None:
     os._exit(1)
 
 
+# SGLang 0.5.17's server_args.py asserts these off triton attention ("the first layer might not
+# be an attention layer"), verbatim: NemotronH's message lacks the space after its comma.
+_NO_TRITON = {
+    "NemotronHForCausalLM": "NemotronHForCausalLM does not support triton attention backend,"
+                            "as the first layer might not be an attention layer",
+    "NemotronHPuzzleForCausalLM": "NemotronHForCausalLM does not support triton attention "
+                                  "backend,as the first layer might not be an attention layer",
+    "Lfm2ForCausalLM": "Lfm2ForCausalLM does not support triton attention backend, as the "
+                       "first layer might not be an attention layer",
+    "Lfm2MoeForCausalLM": "Lfm2MoeForCausalLM does not support triton attention backend, as "
+                          "the first layer might not be an attention layer",
+}
+
+
+def refused_backend(architecture: str, attention_backend: str | None) -> str | None:
+    """SGLang's assertion message when it refuses this attention backend for the model."""
+    return _NO_TRITON.get(architecture) if attention_backend == "triton" else None
+
+
 # Modeled startup (reference §6.3): imports, weight loading from local NVMe, graph capture.
 IMPORT_S = 20.0
 WEIGHT_LOAD_GIB_S = 2.0

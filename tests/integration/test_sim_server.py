@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from infra.sglang.flags import ServerFlags
@@ -116,3 +117,27 @@ def test_startup_failure_is_reported_with_the_log_tail(sim_fleet) -> None:
         assert "CUDA out of memory" in exc.log_tail
     else:
         raise AssertionError("the OOM server was reported healthy")
+
+
+@pytest.mark.parametrize(("model", "backend", "refused"), [
+    ("nemotron-3-nano-4b", "triton", "AssertionError: NemotronHForCausalLM does not support "
+                                     "triton attention backend,as the first layer"),
+    ("lfm2-1.2b", "triton", "AssertionError: Lfm2ForCausalLM does not support triton"),
+])
+def test_triton_attention_is_refused_at_start_as_sglang_does(model: str, backend: str,
+                                                             refused: str) -> None:
+    """Real 0.5.17 asserts in server_args.py; the launcher refuses it even earlier
+    (tasks/engines.check_attention_backend), this is for a server someone else starts."""
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "infra.sim", "--model-path",
+         str(root / "bench" / "real_sglang" / "models" / model), "--port", "1",
+         "--attention-backend", backend],
+        capture_output=True, text=True, timeout=60,
+        env={"EXPANSION_SIM_STARTUP_S": "0", "EXPANSION_SIM_WEIGHTS_GIB": "2",
+             "EXPANSION_SIM_GPU": "h200", "PATH": "/usr/bin:/bin"}, cwd=root)
+    assert proc.returncode == 1 and refused in proc.stdout, proc.stdout[-2000:]
+    from infra.sim.startup import refused_backend
+
+    assert refused_backend("NemotronHForCausalLM", "flashinfer") is None
+    assert refused_backend("Qwen3_5ForConditionalGeneration", "triton") is None
