@@ -27,6 +27,7 @@ from tasks.monitor import FleetMonitor
 from tasks.rolling import RollingFleet
 from tasks.servers import ServerHandle, launch_servers, stop_servers
 from tasks.shards import JobState, generate_shards
+from tasks.tuning.diagnosis import generated_per_finished
 from tasks.tuning.ledger import TuningLedger, config_key
 from tasks.tuning.policy import gain_to_pay_for_restart, pools_pinned, propose, restart_cost
 from tasks.tuning.watch import RegressionWatch, WatchResult
@@ -166,7 +167,8 @@ def _watch(live: LiveConfig, hw: Hardware, plan: MemoryPlan | None, caps: list[C
         now = live.settings
         concurrency = now.client.concurrency_per_server
         tried = ctx.ledger.tried() | {config_key(now.server, concurrency)}
-        demand = ctx.totals.demand(tuning.avg_context)
+        demand = ctx.totals.demand(tuning.avg_context,
+                                   generated_per_finished(ctx.monitor.snapshot()))
         if demand.workload is None and diag.kind != "client-bound":
             return None  # no move scored on the decode rate alone: wait for the first commit
         return propose(diag, now.server, concurrency, hw.model, hw.gpu, hw.version, tried,

@@ -41,6 +41,7 @@ from tasks.servers import (
 )
 from tasks.shards import JobState, plan_shards, vocabulary_warning
 from tasks.tuning.decide import NextConfig, restart_on_regression
+from tasks.tuning.diagnosis import generated_per_finished
 from tasks.tuning.ledger import TuningLedger, config_key
 from tasks.tuning.policy import pools_pinned
 from tasks.upload import restore_from, upload
@@ -224,7 +225,8 @@ def _decide(settings: JobSettings, outcome: EpochOutcome, ctx: JobContext, tuner
     decision, tuner.mem_ceiling = restart_on_regression(
         result, outcome.failure, epoch, settings.server,
         settings.client.concurrency_per_server, str(ctx.ledger.path), hw.model, hw.gpu,
-        hw.version, tuner.mem_ceiling, min_gain, ctx.totals.demand(tuning.avg_context),
+        hw.version, tuner.mem_ceiling, min_gain,
+        ctx.totals.demand(tuning.avg_context, generated_per_finished(ctx.monitor.snapshot())),
         tuning.allow_lossy,
         tuner.predicted_tok_s_per_gpu, ctx.totals.prefix_reuse())
     if outcome.start_failure is not None and decision is None:

@@ -91,11 +91,13 @@ class RunTotals:
         return PrefixReuse.measured(self.prompt_tokens, self.cached_tokens, self.tokens,
                                     self.primes_groups)
 
-    def demand(self, avg_context: float) -> Demand:
+    def demand(self, avg_context: float, generated_per_finished: float | None = None) -> Demand:
         """The job's own workload, to predict committed rates: the prompt's uncached tokens as
         committed so far, else as the token-id rows give them; the output's lengths as the
-        rows fix them (ignore_eos: mean and p99 of their max_new_tokens), else as committed
-        so far. With either unknown (text rows before the first commit), the decode rate."""
+        rows fix them (ignore_eos: mean and p99 of their max_new_tokens), else the servers'
+        tokens generated per request finished (`generated_per_finished`: the committed mean
+        reads short while long answers run), else as committed so far. With either unknown
+        (text rows before the first commit), the decode rate."""
         fixed = self.input_lengths
         prompt = (max(1, round((self.prompt_tokens - self.cached_tokens) / self.done))
                   if self.done > 0 and self.prompt_tokens > 0
@@ -103,7 +105,9 @@ class RunTotals:
         if fixed is not None and fixed.output_tokens is not None:
             output, p99 = fixed.output_tokens, fixed.output_p99
         elif self.done > 0 and self.tokens > 0:
-            output, p99 = max(1, round(self.tokens / self.done)), None
+            committed_mean = self.tokens / self.done
+            output = max(1, round(max(committed_mean, generated_per_finished or 0.0)))
+            p99 = None
         else:
             return Demand(avg_context)
         if prompt is None:

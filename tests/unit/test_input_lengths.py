@@ -78,3 +78,7 @@ def test_text_rows_without_ignore_eos_predict_from_commits_only() -> None:
     assert workload is not None
     assert (workload.prompt_tokens, workload.output_tokens, workload.output_p99) == (200, 1000,
                                                                                      None)
+    # long answers still running: the servers' tokens per answer finished, when longer
+    live = totals.demand(2048, generated_per_finished=1733.0).workload
+    assert live is not None and live.output_tokens == 1700
+    assert totals.demand(2048, generated_per_finished=400.0).workload == workload
