@@ -38,14 +38,15 @@ def true_rate(sc: dict[str, Any], flags: dict[str, Any]) -> float:
 
 def committed_sweep(sc: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     """The best committed rate over the levers the tuner moves (strategy × mem fraction ×
-    mamba share, each also with the cap its KV pool holds for the workload's lengths)."""
+    mamba share — ×1.5, ×2, ×3, ×4, ×6, the shares the policy proposes — each also with the
+    cap its KV pool holds for the workload's lengths)."""
     model = model_profile(sc["model"], sc.get("weights_gib"))
     gpu, version = gpu_profile(sc["gpu"]), parse_version(sc["version"])
     demand = Demand(workload=workload(sc))
     best: tuple[float, dict[str, Any]] = (0.0, {})
     base = ServerFlags(**sc["server"])
     for strategy, mem, ratio, fit in itertools.product(
-            ["extra_buffer", "no_buffer"], [None, 0.9, 0.95], [None, 1.8, 3.6, 5.4],
+            ["extra_buffer", "no_buffer"], [None, 0.9, 0.95], [None, 1.35, 1.8, 2.7, 3.6, 5.4],
             [False, True]):
         flags = base.with_changes(mamba_strategy=strategy, mem_fraction_static=mem,
                                   mamba_full_memory_ratio=ratio)
