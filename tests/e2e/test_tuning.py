@@ -12,6 +12,12 @@ from infra.ledger import Ledger
 from tasks.tuning.ledger import TuningLedger
 from tests.conftest import free_port_block
 
+# One scenario at a time (one xdist worker runs them in turn): each runs a simulated fleet of
+# 2–4 servers at a high time scale, and two or three of them at once beside the other
+# end-to-end tests starved a 2-core box enough to change what the tuner read (a canary cut
+# short as the work ran out, a fleet-low reading with no samples: #25, open).
+pytestmark = pytest.mark.xdist_group("tuning")
+
 
 def prompts(path: Path, n: int) -> Path:
     path.write_text("".join(json.dumps({"id": f"t{i:05d}", "prompt": f"tune {i}"}) + "\n"
