@@ -55,15 +55,14 @@ def bucket_problem(target: str, field: str, endpoint_url: str | None, region: st
                    timeout_s: float = 5.0) -> str | None:
     """Why s3://bucket/prefix cannot be written: the endpoint does not answer, the bucket is
     missing, or the credentials are refused (one HEAD request on the bucket, no retries)."""
-    import boto3
-    from botocore.config import Config
     from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+    from infra.storage import S3Destination
 
     bucket = urlparse(target).netloc
     where = f"endpoint {endpoint_url}" if endpoint_url else "AWS's endpoint"
-    client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region or "us-east-1",
-                          config=Config(connect_timeout=timeout_s, read_timeout=timeout_s,
-                                        retries={"max_attempts": 1, "mode": "standard"}))
+    client = S3Destination(bucket, "", endpoint_url, region, connect_timeout_s=timeout_s,
+                           attempts=1, read_timeout_s=timeout_s).client
     try:
         client.head_bucket(Bucket=bucket)
     except NoCredentialsError:

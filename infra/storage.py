@@ -80,7 +80,8 @@ class S3Destination:
 
     def __init__(self, bucket: str, prefix: str, endpoint_url: str | None = None,
                  region: str | None = None, multipart_mb: int = 64,
-                 connect_timeout_s: float = 10.0, attempts: int = 3) -> None:
+                 connect_timeout_s: float = 10.0, attempts: int = 3,
+                 read_timeout_s: float = 60.0) -> None:
         import boto3
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
@@ -90,7 +91,7 @@ class S3Destination:
         self.label = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self.client = boto3.client(
             "s3", endpoint_url=endpoint_url, region_name=region or "us-east-1",
-            config=Config(connect_timeout=connect_timeout_s, read_timeout=60,
+            config=Config(connect_timeout=connect_timeout_s, read_timeout=read_timeout_s,
                           retries={"max_attempts": attempts, "mode": "standard"}))
         chunk = multipart_mb * 1024 * 1024
         self.transfer = TransferConfig(multipart_threshold=chunk, multipart_chunksize=chunk)
