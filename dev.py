@@ -29,7 +29,17 @@ def uv() -> list[str]:
 
 
 def sync(cmd: list[str]) -> None:
-    subprocess.run([*cmd, "sync", "--frozen", "--quiet"], cwd=ROOT, check=True)
+    """Install from uv.lock with bytecode compiled once, here. uv leaves it out by default,
+    and where PYTHONDONTWRITEBYTECODE is set (CI, this project's boxes) every process then
+    compiled Prefect anew: `import prefect.server.api.server` 12.7 s instead of 7.6 s, a
+    Prefect server healthy after 20 s instead of 10 — for every CLI run, worker and server
+    the tests start. The project's own modules are compiled too (tiny, but imported by all)."""
+    subprocess.run([*cmd, "sync", "--frozen", "--quiet", "--compile-bytecode"], cwd=ROOT,
+                   check=True)
+    python = ROOT / ".venv" / "bin" / "python"
+    subprocess.run([str(python), "-m", "compileall", "-q", "-j", "0",
+                    *(str(ROOT / d) for d in ("flows", "tasks", "infra", "bench"))],
+                   cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
 
 
 def main(argv: list[str]) -> int:
@@ -38,7 +48,8 @@ def main(argv: list[str]) -> int:
         return 2
     cmd = uv()
     sync(cmd)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # UV_COMPILE_BYTECODE: `uv run` re-syncs when the lock changed; keep the bytecode then too.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "UV_COMPILE_BYTECODE": "1"}
     if argv[0] == "demo":
         if DEMO_OUTPUT.exists():
             print(f"dev.py: removing the previous demo output {DEMO_OUTPUT}")

@@ -203,6 +203,7 @@ def running_prefect_server(home: Path) -> Iterator[dict[str, str]]:
     import httpx
 
     port = free_port_block(1)
+    run_session.migrated_home(home)
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_API_HOST": "127.0.0.1",
            "PREFECT_SERVER_API_PORT": str(port), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",

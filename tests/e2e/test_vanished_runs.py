@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port_block
+from tests.session import migrated_home
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPANSION = str(ROOT / ".venv" / "bin" / "expansion")
@@ -30,10 +31,9 @@ def test_killed_cli_run_is_marked_crashed_by_the_next_run(tmp_path: Path) -> Non
     args = [EXPANSION, "run", "--prompts", str(src), "--output", str(out), "--set",
             f"base_port={free_port_block(2)}", "--set", "shard_size=20", "--set",
             "sim.time_scale=2", "--set", "sim.startup_s=0.2", "--set", "tuning.enabled=false"]
-    # A fresh Prefect database is migrated first: two processes migrating one new SQLite
-    # file at once is a known Prefect failure ("database is locked"), not this test's subject.
-    subprocess.run([str(ROOT / ".venv" / "bin" / "prefect"), "server", "database", "upgrade",
-                    "-y"], env=env, cwd=ROOT, capture_output=True, timeout=300, check=True)
+    # A migrated database (tests/session.py): two processes migrating one new SQLite file at
+    # once is a known Prefect failure ("database is locked"), not this test's subject.
+    migrated_home(tmp_path / "prefect-home")
     log = tmp_path / "first.log"
     with open(log, "wb") as sink:
         first = subprocess.Popen(args, env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
