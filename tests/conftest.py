@@ -234,10 +234,10 @@ def running_prefect_server(home: Path) -> Iterator[dict[str, str]]:
 
 
 @pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A Prefect server of this worker's own, for the tests that deploy `deployments/
-    prefect.yaml` and start process workers on its pools: two such modules sharing the run's
-    server, on two xdist workers at once, took each other's flow runs (the deployment's
-    concurrency limit queued one behind the other, both timed out)."""
-    with running_prefect_server(tmp_path_factory.mktemp("prefect-server-home")) as env:
-        yield env
+def prefect_server(prefect_env: dict[str, str]) -> dict[str, str]:
+    """The Prefect server for the tests that deploy `deployments/prefect.yaml` and start process
+    workers on its pools: the run's own. Those tests share one xdist group, so they run one
+    at a time (two of them at once, on two workers, took each other's flow runs: the
+    deployment's concurrency limit queued one behind the other); nothing else in the suite
+    deploys or polls a work pool."""
+    return prefect_env

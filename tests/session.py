@@ -6,8 +6,9 @@
   the run's shared folder; the others read its address from there. Every worker exports it,
   so each CLI subprocess a test starts talks to it instead of booting its own. The tests
   whose point is the temporary API (the README block, the killed-run marking) strip it; the
-  ones that deploy and start process workers (deployment, fleet) get a server of their own
-  (`prefect_server`), since two of them on one server's pools take each other's runs.
+  ones that deploy and start process workers (deployment, fleet) run one at a time (one xdist
+  group), since two of them on one server's pools take each other's runs. Every Prefect home
+  the tests make starts from one migrated database (`migrated_home`).
 * **No leaks.** The controller marks the run with `EXPANSION_TEST_RUN=<id>` before the workers
   start; every process the tests start inherits it. At the end the controller stops the shared
   server and looks for any process still carrying the mark: it lists them, kills them, and

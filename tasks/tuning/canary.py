@@ -184,7 +184,10 @@ class CanaryRun:
         try:
             self._cycle(cycle, current, candidate, canary)
         except (StartAborted, DispatchEnded) as exc:
-            cycle.outcome, cycle.note = "aborted", str(exc).splitlines()[0]
+            # Keep the verdict when one came (a won canary whose rollout the job's end cut
+            # short reads differently from one cut short before it was judged).
+            verdict = f" after the verdict: {cycle.note}" if cycle.note else ""
+            cycle.outcome, cycle.note = "aborted", str(exc).splitlines()[0] + verdict
         cycle.ended_at = self.monitor.now()
         cycle.min_fleet_fraction = min_fleet_fraction(
             self.monitor.snapshot(), cycle.started_at, cycle.ended_at, tuning.window_s / 2)

@@ -12,7 +12,6 @@ counters by hand; this replays them).
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
@@ -20,13 +19,14 @@ from pathlib import Path
 import pytest
 
 from infra.sglang.flag_parser import parse_server_flags
+from infra.sglang.flags import ServerFlags
 from infra.sglang.profiles import gpu_profile, model_profile
 from infra.sglang.versions import parse_version
 from infra.sim.predict import Workload
-from infra.sim.replay import replay_engine
 from tasks.monitor import Sample
 from tasks.tuning.canary import MIN_JUDGE_WINDOWS
 from tasks.tuning.judge import group_rates, judge
+from tests.modeled import Hardware, ModeledServer, sampled_server
 
 MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "models" / "qwen3.6-27b-text"
 WINDOW = 20.0
@@ -35,40 +35,22 @@ TICK = 0.5  # the monitor's sample interval
 BAR = 1.03  # tuning.canary_min_gain's default
 
 
-async def _sampled(strategy: str, server: str, warm_s: float) -> list[Sample]:
-    """One server's scrapes every TICK modeled seconds over [0, UNTIL], after `warm_s` of
-    running (0: it starts at t=0, as a restarted canary does), its client keeping the cap plus
-    four requests in flight."""
-    flags = parse_server_flags(["--mem-fraction-static", "0.9",
-                                "--mamba-radix-cache-strategy", strategy])
-    engine = replay_engine(model_profile(str(MODEL), 50.16), gpu_profile("h200"), flags,
-                           parse_version("0.5.17"))
-    lengths = iter(Workload(1024, 1000, 8000).output_lengths(20000))
-
-    async def client() -> None:
-        while True:
-            await engine.submit(1024, next(lengths))
-
-    tasks = [asyncio.create_task(engine.run())]
-    tasks += [asyncio.create_task(client()) for _ in range(engine.plan.max_running_requests + 4)]
-    rows, t = [], 0.0
-    while t <= UNTIL:
-        while engine._modeled_clock < t + warm_s:
-            await asyncio.sleep(0)
-        st = engine.stats
-        rows.append(Sample(t, 1, server, True, st.running, st.queued, None, None,
-                           st.gen_throughput, float(st.generation_tokens_total), 0.0, None,
-                           float(st.requests_total), float(st.decode_tokens_total)))
-        t += TICK
-    for task in tasks:
-        task.cancel()
-    return rows
+def _flags(strategy: str) -> ServerFlags:
+    return parse_server_flags(["--mem-fraction-static", "0.9",
+                               "--mamba-radix-cache-strategy", strategy])
 
 
 @cache
 def fleet() -> tuple[Sample, ...]:
-    canary = asyncio.run(_sampled("no_buffer", "server-3", 0.0))
-    control = asyncio.run(_sampled("extra_buffer", "server-0", 200.0))
+    """server-3 restarted into no_buffer at t=0, beside three servers that ran extra_buffer
+    for 200 s (one replayed, its series copied); each client keeps the cap plus four out."""
+    hw = Hardware(model_profile(str(MODEL), 50.16), gpu_profile("h200"),
+                  parse_version("0.5.17"))
+    lengths = Workload(1024, 1000, 8000).output_lengths(20000)
+    canary = sampled_server(hw, ModeledServer("server-3", _flags("no_buffer")), 1024, lengths,
+                            UNTIL, TICK)
+    control = sampled_server(hw, ModeledServer("server-0", _flags("extra_buffer"), 200.0),
+                             1024, lengths, UNTIL, TICK)
     rows = canary + [replace(s, server=f"server-{i}") for s in control for i in range(3)]
     return tuple(sorted(rows, key=lambda s: (s.t, s.server)))
 
