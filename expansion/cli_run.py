@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -86,6 +87,19 @@ def run(
     _run_now(settings, config_file, overrides)
 
 
+def _keep_secret_out_of_parameters(params: dict[str, Any]) -> None:
+    """`--set api_key=…` reaches the flow through the environment, not as a parameter:
+    Prefect stores a flow run's parameters in plain text in its database (and shows them in
+    the UI). The settings read EXPANSION_API_KEY as they would the parameter; here it is the
+    CLI's own process, so nothing else sees it."""
+    if "api_key" in params:
+        key = params.pop("api_key")
+        if key is None:
+            os.environ.pop("EXPANSION_API_KEY", None)
+        else:
+            os.environ["EXPANSION_API_KEY"] = str(key)
+
+
 def _run_now(settings: Any, config_file: str | None, overrides: dict[str, Any]) -> None:
     """Preflight, then the flow on the local Prefect API, with a progress bar and summary."""
     from flows.generate import preflight
@@ -114,6 +128,7 @@ def _run_now(settings: Any, config_file: str | None, overrides: dict[str, Any]) 
            if k in overrides}
     # A flow parameter is JSON: an explicit null travels as None (job_settings).
     params = {k: (None if v is NULL else v) for k, v in overrides.items()}
+    _keep_secret_out_of_parameters(params)
     try:
         with _signals_as_interrupt():
             use_temporary_api()

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.job import Hardware, Progress, RunTotals, capacity_artifact, hardware_of
-from flows.repair import asymmetry_handler
+from flows.repair import asymmetry_handler, relaunch_handler
 from flows.rollout import LiveConfig, canary_handler
 from infra.settings import JobSettings
 from infra.sglang.memory import MemoryPlan
@@ -56,6 +56,7 @@ class TunerState:
     restarts: int = 0
     predicted_tok_s_per_gpu: float | None = None  # the model's figure for this epoch's config
     restarted_alone: set[str] = field(default_factory=set)  # slow servers restarted once
+    relaunched: dict[str, int] = field(default_factory=dict)  # dead servers started again
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ def _serve(live: LiveConfig, state: JobState, ctx: JobContext, tuner: TunerState
     watch.on_proposal = canary_handler(live, fleet, ctx, tuner, hw, epoch, fleet.abort,
                                        lambda: watch)
     watch.on_asymmetric = asymmetry_handler(live, fleet, ctx, tuner, hw, epoch, lambda: watch)
+    watch.on_dead = relaunch_handler(live, fleet, ctx, tuner, hw, epoch, lambda: watch)
     watch.start()
     began = time.monotonic()
     try:

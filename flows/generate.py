@@ -148,6 +148,10 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
     settings = job_settings(prompts, output, engine, gpus, model, config_file, overrides)
     for warning in preflight(settings, check_input=False):
         logger.warning(warning)
+    if "api_key" in (overrides or {}):
+        logger.warning("api_key came as a flow parameter: Prefect keeps parameters in plain "
+                       "text in its database; set EXPANSION_API_KEY in the environment of the "
+                       "worker (or the deployment's job_variables env) instead")
     out, target = job_paths(settings, node)
     manifest_key = f"manifests/{node}.jsonl" if node else "manifest.jsonl"
     dest: Destination | None = None

@@ -231,6 +231,8 @@ def _cycle_row(c: dict[str, Any]) -> str:
                                                           else "")
     elif c.get("kind") == "restart-one":
         how, verdict = "one server restarted alone", "same config"
+    elif c.get("kind") == "relaunch":
+        how, verdict = "a dead server relaunched alone", "same config"
     else:
         how, verdict = "whole fleet restarted", "-"
     return (f"| {c['epoch']} | {c['diagnosis']} | {f'{measured:,.0f}' if measured else '-'} | "

@@ -100,6 +100,9 @@ def cycle_line(c: dict[str, Any]) -> str:
     canary = c.get("canary")
     if c.get("kind") == "restart-one":
         return f"{head} → {c['reason'].split(' ran ', 1)[0]} restarted alone (same config)"
+    if c.get("kind") == "relaunch":
+        server = c["reason"].split("'s process", 1)[0]
+        return f"{head} → {server} died: relaunched alone (same config)"
     if not canary:
         return f"{head} → fleet restarted with {c.get('new_flags', {}).get('mamba_strategy')}"
     gain = canary.get("measured_gain")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.gpu import wait_memory_released
+from infra.processes import is_ours_and_alive
 from infra.settings import JobSettings
 from tasks.capacity import Capacity, measure_one
 from tasks.fleet_control import FleetControl
@@ -61,6 +62,13 @@ class RollingFleet:
     def handles(self) -> list[ServerHandle]:
         with self._lock:
             return [self._handles[i] for i in sorted(self._handles)]
+
+    def dead(self) -> list[int]:
+        """Servers whose process is gone (crashed, killed, OOM): the exit is read from the
+        process table, not from scrapes, so a busy server that answers slowly is not one."""
+        with self._lock:
+            return [i for i, h in sorted(self._handles.items())
+                    if not is_ours_and_alive(h.record)]
 
     def capacities(self) -> list[Capacity]:
         with self._lock:

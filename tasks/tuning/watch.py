@@ -67,6 +67,9 @@ class RegressionWatch:
         # diagnosis -> True when the slow servers of an asymmetric fleet were restarted
         # alone (flows/rollout.py: asymmetry_handler)
         self.on_asymmetric: Callable[[Diagnosis], bool] | None = None
+        # () -> True when servers whose process was gone were started again (flows/repair.py:
+        # relaunch_handler); looked at on every check, with tuning on or off.
+        self.on_dead: Callable[[], bool] | None = None
         self._slow_streak: dict[str, int] = {}  # checks in a row a server was the slow one
         self._proposal: Proposal | None = None
         self.stop = threading.Event()
@@ -130,6 +133,10 @@ class RegressionWatch:
     def _run(self) -> None:
         first_check = self._started + 1.5 * self.window_s
         while not self._done.wait(self.check_interval_s()):
+            if self.on_dead is not None and self.on_dead():
+                first_check = self.monitor.now() + 1.5 * self.window_s
+                self.result.last_check = "after relaunching a server that died: no check yet"
+                continue
             if not self.enabled or self.monitor.now() < first_check:
                 continue
             diag = self._measure()

@@ -1,0 +1,71 @@
+"""A server whose process dies mid-run is started again alone while the other keeps generating:
+SIGKILL one simulated server (as a GPU error or the kernel's OOM killer would) after the first
+shard commits; the run ends with every id once and the relaunched server back at work."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.ledger import Ledger
+from tasks.servers import registry_for
+from tests.conftest import free_port_block
+
+ROWS = 1000
+
+
+def kill_after_first_commit(out: Path, port: int, killed: list[int], give_up: threading.Event,
+                            ) -> None:
+    """SIGKILL the server on `port` once a shard is committed (once)."""
+    manifest = out / "manifest.jsonl"
+    while not give_up.is_set():
+        if manifest.exists() and manifest.read_text().strip():
+            for record in registry_for(out).load():
+                if record.port == port:
+                    os.kill(record.pid, signal.SIGKILL)
+                    killed.append(record.pid)
+                    return
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_server_that_dies_is_relaunched_alone_and_nothing_is_lost(prefect_api: None,
+                                                                   tmp_path: Path) -> None:
+    from flows.generate import generate
+
+    src = tmp_path / "p.jsonl"
+    src.write_text("".join(json.dumps({"id": f"r{i:05d}", "prompt": f"relaunch {i}"}) + "\n"
+                           for i in range(ROWS)))
+    out, port = tmp_path / "out", free_port_block(2)
+    killed: list[int] = []
+    done = threading.Event()
+    killer = threading.Thread(target=kill_after_first_commit,
+                              args=(out, port + 1, killed, done), daemon=True)
+    killer.start()
+    try:
+        summary = generate(prompts=str(src), output=str(out), gpus=[0, 1], overrides={
+            "base_port": port, "sim.startup_s": 0.2, "sim.time_scale": 50.0,
+            "sampling.max_new_tokens": 32, "shard_size": 50, "stop_grace_s": 5.0,
+            "tuning.enabled": False})  # the relaunch is not a tuning move: it works without
+    finally:
+        done.set()
+        killer.join()
+    assert killed, "the server was never killed (the run ended first?)"
+    relaunches = [c for c in summary["cycles"] if c["kind"] == "relaunch"]
+    assert len(relaunches) == 1, summary["cycles"]
+    assert relaunches[0]["reason"].startswith("server-1's process is gone"), relaunches
+    logs = sorted(p.name for p in (out / "servers").glob("*.log"))
+    assert "server-1-gpu1.relaunch.log" in logs, logs
+    frame = Ledger(out).read_completions()
+    assert frame.height == ROWS and frame["id"].n_unique() == ROWS
+    assert summary["errors_this_run"] == 0
+    # The relaunched server took work again: rows answered by server-1 after the kill.
+    relaunched_log = (out / "servers" / "server-1-gpu1.relaunch.log").read_text()
+    assert "POST /generate" in relaunched_log or "Decode batch" in relaunched_log
+    assert "a dead server relaunched alone" in (out / "report.md").read_text()
