@@ -170,7 +170,8 @@ def _watch(live: LiveConfig, hw: Hardware, plan: MemoryPlan | None, caps: list[C
         concurrency = now.client.concurrency_per_server
         tried = ctx.ledger.tried() | {config_key(now.server, concurrency)}
         demand = ctx.totals.demand(tuning.avg_context,
-                                   generated_per_finished(ctx.monitor.snapshot()))
+                                   generated_per_finished(ctx.monitor.snapshot()),
+                                   now.sampling.max_new_tokens)
         if demand.workload is None and diag.kind != "client-bound":
             return None  # no move scored on the decode rate alone: wait for the first commit
         return propose(diag, now.server, concurrency, hw.model, hw.gpu, hw.version, tried,

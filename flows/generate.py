@@ -230,7 +230,8 @@ def _decide(settings: JobSettings, outcome: EpochOutcome, ctx: JobContext, tuner
         result, outcome.failure, epoch, settings.server,
         settings.client.concurrency_per_server, str(ctx.ledger.path), hw.model, hw.gpu,
         hw.version, tuner.mem_ceiling, min_gain,
-        ctx.totals.demand(tuning.avg_context, generated_per_finished(ctx.monitor.snapshot())),
+        ctx.totals.demand(tuning.avg_context, generated_per_finished(ctx.monitor.snapshot()),
+                          settings.sampling.max_new_tokens),
         tuning.allow_lossy,
         tuner.predicted_tok_s_per_gpu, ctx.totals.prefix_reuse())
     if outcome.start_failure is not None and decision is None:

@@ -91,13 +91,17 @@ class RunTotals:
         return PrefixReuse.measured(self.prompt_tokens, self.cached_tokens, self.tokens,
                                     self.primes_groups)
 
-    def demand(self, avg_context: float, generated_per_finished: float | None = None) -> Demand:
+    def demand(self, avg_context: float, generated_per_finished: float | None = None,
+               max_new_tokens: int | None = None) -> Demand:
         """The job's own workload, to predict committed rates: the prompt's uncached tokens as
         committed so far, else as the token-id rows give them; the output's lengths as the
         rows fix them (ignore_eos: mean and p99 of their max_new_tokens), else the servers'
         tokens generated per request finished (`generated_per_finished`: the committed mean
         reads short while long answers run), else as committed so far. With either unknown
-        (text rows before the first commit), the decode rate."""
+        (text rows before the first commit), the decode rate. No answer is longer than
+        `max_new_tokens` (the job's, unless rows set their own): early in a job, with few
+        requests finished and many long ones in flight, tokens per finished request can read
+        past it (the canary scenarios' early overestimate, #26)."""
         fixed = self.input_lengths
         prompt = (max(1, round((self.prompt_tokens - self.cached_tokens) / self.done))
                   if self.done > 0 and self.prompt_tokens > 0
@@ -106,7 +110,10 @@ class RunTotals:
             output, p99 = fixed.output_tokens, fixed.output_p99
         elif self.done > 0 and self.tokens > 0:
             committed_mean = self.tokens / self.done
-            output = max(1, round(max(committed_mean, generated_per_finished or 0.0)))
+            own = fixed is not None and fixed.rows_set_max_new_tokens
+            longest = float(max_new_tokens) if max_new_tokens and not own else float("inf")
+            output = max(1, round(min(longest, max(committed_mean,
+                                                   generated_per_finished or 0.0))))
             p99 = None
         else:
             return Demand(avg_context)

@@ -28,6 +28,8 @@ class InputLengths:
     prompt_tokens: int | None  # mean over the sample (token-id rows only)
     output_tokens: int | None  # mean (ignore_eos only)
     output_p99: int | None  # None: every sampled output the same length
+    # Some sampled row sets its own max_new_tokens: the job's is then no bound on an answer.
+    rows_set_max_new_tokens: bool = False
 
     def describe(self) -> str:
         parts = []
@@ -49,17 +51,19 @@ def sample_lengths(path: Path, rows: int, id_dtype: str, default_max_new_tokens:
         starts = [i * rows // SAMPLE_BLOCKS for i in range(SAMPLE_BLOCKS)]
     prompts: list[int] = []
     outputs: list[int] = []
+    own_max = False
     for start in starts:
         for row in iter_rows(path, start, min(rows, start + block), id_dtype=id_dtype):
             ids = row.get("input_ids")
             if isinstance(ids, list):
                 prompts.append(len(ids))
             wanted = row.get("max_new_tokens")
+            own_max = own_max or wanted is not None
             outputs.append(int(str(wanted)) if wanted is not None else default_max_new_tokens)
     n = len(outputs)
     prompt = round(sum(prompts) / len(prompts)) if prompts and len(prompts) == n else None
     if not ignore_eos or not outputs:
-        return InputLengths(n, prompt, None, None)
+        return InputLengths(n, prompt, None, None, own_max)
     mean = max(1, round(sum(outputs) / n))
     p99 = sorted(outputs)[min(n - 1, int(0.99 * n))]
-    return InputLengths(n, prompt, mean, p99 if p99 > mean else None)
+    return InputLengths(n, prompt, mean, p99 if p99 > mean else None, own_max)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from flows.job import RunTotals
-from infra.input_lengths import sample_lengths
+from infra.input_lengths import InputLengths, sample_lengths
 
 
 def write_rows(path: Path, rows: list[dict[str, object]]) -> Path:
@@ -82,3 +82,10 @@ def test_text_rows_without_ignore_eos_predict_from_commits_only() -> None:
     live = totals.demand(2048, generated_per_finished=1733.0).workload
     assert live is not None and live.output_tokens == 1700
     assert totals.demand(2048, generated_per_finished=400.0).workload == workload
+    # no answer is longer than max_new_tokens, however many long ones are still in flight
+    capped = totals.demand(2048, generated_per_finished=3300.0, max_new_tokens=2048).workload
+    assert capped is not None and capped.output_tokens == 2000  # 2,048 to two figures
+    # ... unless rows set their own max_new_tokens: the job's then bounds nothing
+    totals.input_lengths = InputLengths(100, None, None, None, rows_set_max_new_tokens=True)
+    own = totals.demand(2048, generated_per_finished=3300.0, max_new_tokens=2048).workload
+    assert own is not None and own.output_tokens == 3300
