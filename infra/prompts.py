@@ -82,6 +82,10 @@ def _normalize(lf: pl.LazyFrame, path: Path) -> tuple[pl.LazyFrame, str, str]:
     if "id" not in cols:
         raise InputError(f"prompts: {path} has no `id` column (columns: {', '.join(cols)}); "
                          "add a unique id per row")
+    given = [c for c in ("prompt", "messages", "input_ids") if c in cols]
+    if len(given) > 1:
+        raise InputError(f"prompts: {path} has both `{given[0]}` and `{given[1]}`; give each "
+                         "row one of them, and one kind per file (split the file)")
     if "prompt" in cols:
         kind = "prompt"
     elif "messages" in cols:
@@ -150,6 +154,7 @@ def validate_input(path: Path) -> InputSummary:
     if bad.height:
         raise InputError(f"prompts: {path} row {bad['row'][0]} (id {bad['id'][0]!r}): empty "
                          f"{kind}; remove the row or fill it")
+    _check_max_new_tokens(lf, path, fmt)
     if ids.len() == 0:
         raise InputError(f"prompts: {path} has no rows")
     if not (ids.dtype.is_integer() or ids.dtype == pl.String):
@@ -160,6 +165,24 @@ def validate_input(path: Path) -> InputSummary:
         digest.update("\n".join(chunk["id"].to_list()).encode())
         digest.update(b"\n")
     return InputSummary(str(path), fmt, ids.len(), kind, digest.hexdigest(), str(ids.dtype))
+
+
+def _check_max_new_tokens(lf: pl.LazyFrame, path: Path, fmt: str) -> None:
+    """A row's own max_new_tokens is a whole number of at least 1 (a -3 was accepted, and
+    the summary then counted -3 tokens)."""
+    if "max_new_tokens" not in lf.collect_schema().names():
+        return
+    name = "body.max_tokens" if fmt == "openai_batch" else "max_new_tokens"
+    col = pl.col("max_new_tokens")
+    try:
+        low = (lf.with_row_index("row").filter(col.is_not_null() & (col < 1))
+               .select("row", "id", "max_new_tokens").head(1).collect())
+    except pl.exceptions.PolarsError as exc:
+        raise InputError(f"prompts: {path}: `{name}` must be a whole number of tokens "
+                         f"({_first_line(exc)})") from exc
+    if low.height:
+        raise InputError(f"prompts: {path} row {low['row'][0]} (id {low['id'][0]!r}): "
+                         f"`{name}` is {low['max_new_tokens'][0]}; it must be at least 1")
 
 
 def out_of_vocabulary(path: Path, vocab_size: int) -> tuple[int, Any]:

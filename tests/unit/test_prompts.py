@@ -64,6 +64,20 @@ def test_openai_batch_jsonl(tmp_path: Path) -> None:
     ([{"prompt": "a"}], "no `id` column"),
     ([{"id": 1, "text": "a"}], "needs a `prompt`, `messages` or `input_ids` column"),
     ([{"id": 1, "prompt": "a"}, {"id": None, "prompt": "b"}], "row 1: `id` is missing"),
+    # one kind of text per file: a row with both was read as its prompt, silently
+    ([{"id": 1, "prompt": "a", "messages": [{"role": "user", "content": "b"}]}],
+     "has both `prompt` and `messages`"),
+    ([{"id": 1, "prompt": "a"}, {"id": 2, "messages": [{"role": "user", "content": "b"}]}],
+     "has both `prompt` and `messages`"),
+    # a row's own max_new_tokens: -3 was accepted (and counted as -3 tokens)
+    ([{"id": 1, "prompt": "a", "max_new_tokens": 8}, {"id": 2, "prompt": "b",
+                                                       "max_new_tokens": -3}],
+     "row 1 (id 2): `max_new_tokens` is -3; it must be at least 1"),
+    ([{"id": 1, "prompt": "a", "max_new_tokens": "lots"}],
+     "`max_new_tokens` must be a whole number of tokens"),
+    ([{"custom_id": "r1", "body": {"messages": [{"role": "user", "content": "a"}],
+                                    "max_tokens": 0}}],
+     "(id 'r1'): `body.max_tokens` is 0; it must be at least 1"),
 ])
 def test_bad_rows_are_named(tmp_path: Path, rows: list[dict], needle: str) -> None:
     with pytest.raises(InputError) as info:
