@@ -95,6 +95,10 @@ def _normalize(lf: pl.LazyFrame, path: Path) -> tuple[pl.LazyFrame, str, str]:
     else:
         raise InputError(f"prompts: {path} needs a `prompt`, `messages` or `input_ids` column "
                          f"(columns: {', '.join(cols)})")
+    if kind == "prompt" and lf.collect_schema()["prompt"] not in (pl.String, pl.Null):
+        raise InputError(f"prompts: {path}: `prompt` is {lf.collect_schema()['prompt']}, not "
+                         "text; give each row its prompt as a string (a number is not "
+                         "quietly turned into one)")
     clash = [c for c in cols if c in OUTPUT_COLUMNS]
     if clash:
         raise InputError(f"prompts: {path}: column `{clash[0]}` is a name the output uses; "

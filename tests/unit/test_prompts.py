@@ -69,6 +69,7 @@ def test_openai_batch_jsonl(tmp_path: Path) -> None:
      "has both `prompt` and `messages`"),
     ([{"id": 1, "prompt": "a"}, {"id": 2, "messages": [{"role": "user", "content": "b"}]}],
      "has both `prompt` and `messages`"),
+    ([{"id": 1, "prompt": 123}], "`prompt` is Int64, not text"),
     # a row's own max_new_tokens: -3 was accepted (and counted as -3 tokens)
     ([{"id": 1, "prompt": "a", "max_new_tokens": 8}, {"id": 2, "prompt": "b",
                                                        "max_new_tokens": -3}],
