@@ -19,6 +19,8 @@ from typing import Any
 
 import polars as pl
 
+from infra.openai_batch import BatchInputError, batch_columns
+
 SAMPLING_COLUMNS = ("max_new_tokens", "temperature", "top_p", "seed")
 # Per-row request fields beyond sampling: stop strings and SGLang's constrained decoding.
 CONSTRAINT_COLUMNS = ("stop", "json_schema", "regex", "ebnf")
@@ -66,19 +68,12 @@ def _normalize(lf: pl.LazyFrame, path: Path) -> tuple[pl.LazyFrame, str, str]:
         raise InputError(f"prompts: {path} is not valid JSONL/Parquet: {_unreadable(path, exc)}"
                          ) from exc
     if "custom_id" in cols and "body" in cols:
-        body = pl.col("body")
-        schema = lf.collect_schema()["body"]
-        fields = {f.name for f in getattr(schema, "fields", [])}
-        if "messages" not in fields:
-            raise InputError(f"prompts: {path}: OpenAI batch rows need body.messages")
-        exprs = [pl.col("custom_id").cast(pl.String).alias("id"),
-                 body.struct.field("messages").alias("messages")]
-        if "max_tokens" in fields:
-            exprs.append(body.struct.field("max_tokens").alias("max_new_tokens"))
-        for name in ("temperature", "top_p", "seed"):
-            if name in fields:
-                exprs.append(body.struct.field(name).alias(name))
-        return lf.select(exprs), "openai_batch", "messages"
+        try:
+            return lf.select(batch_columns(lf, path)), "openai_batch", "messages"
+        except BatchInputError as exc:
+            raise InputError(str(exc)) from exc
+        except pl.exceptions.PolarsError as exc:
+            raise InputError(f"prompts: {path}: {_unreadable(path, exc)}") from exc
     if "id" not in cols:
         raise InputError(f"prompts: {path} has no `id` column (columns: {', '.join(cols)}); "
                          "add a unique id per row")

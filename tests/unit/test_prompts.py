@@ -42,6 +42,18 @@ def test_parquet_with_messages(tmp_path: Path) -> None:
     assert validate_input(path).kind == "messages"
 
 
+def batch(custom_id: str, url: str = "/v1/chat/completions", **body: object) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": url,
+            "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}], **body}}
+
+
+def test_openai_batch_stop_and_n_of_one_are_read(tmp_path: Path) -> None:
+    path = jsonl(tmp_path, [batch("r0", stop=["\n\n", "END"], n=1, max_completion_tokens=7)])
+    validate_input(path)
+    first = next(iter_rows(path, 0, 1))
+    assert first["stop"] == ["\n\n", "END"] and first["max_new_tokens"] == 7
+
+
 def test_openai_batch_jsonl(tmp_path: Path) -> None:
     rows = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
              "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}],
@@ -79,6 +91,12 @@ def test_openai_batch_jsonl(tmp_path: Path) -> None:
     ([{"custom_id": "r1", "body": {"messages": [{"role": "user", "content": "a"}],
                                     "max_tokens": 0}}],
      "(id 'r1'): `body.max_tokens` is 0; it must be at least 1"),
+    # OpenAI batch fields this pipeline would not honour are named, not dropped
+    ([batch("r1", url="/v1/embeddings")], "`url` /v1/embeddings: only /v1/chat/completions"),
+    ([batch("r1", n=1), batch("r2", n=2)], "body.n is 2"),
+    ([batch("r1", response_format={"type": "json_object"})],
+     "body.response_format is not supported here; give the schema as a `json_schema` column"),
+    ([batch("r1", logprobs=True)], "body.logprobs is not supported here; remove it"),
 ])
 def test_bad_rows_are_named(tmp_path: Path, rows: list[dict], needle: str) -> None:
     with pytest.raises(InputError) as info:
