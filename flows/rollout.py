@@ -57,7 +57,8 @@ def canary_handler(live: LiveConfig, fleet: RollingFleet, ctx: JobContext, tuner
         candidate = candidate_settings(current, proposal)
         ctx.logger.warning("canary: %s on %d of %d servers — %s", candidate.server.fingerprint(),
                            current.tuning.canary_servers, len(fleet.config), proposal.reason)
-        cycle = CanaryRun(fleet, ctx.monitor, hw.time_scale, ctx.logger, abort).run(
+        cycle = CanaryRun(fleet, ctx.monitor, hw.time_scale, ctx.logger, abort,
+                          rollout_pays(watch(), diag, current.tuning.min_predicted_gain)).run(
             current, candidate, proposal.predicted_gain)
         tuner.restarts += 1
         record_cycle(cycle, current, candidate, diag, proposal, ctx, epoch,
@@ -74,11 +75,24 @@ def canary_handler(live: LiveConfig, fleet: RollingFleet, ctx: JobContext, tuner
             other = ctx.ledger.best(config_key(candidate.server,
                                                candidate.client.concurrency_per_server))
             w.reconfigured(caps, hw.plan(candidate), other.tok_s_per_gpu if other else None)
-        if tuner.restarts >= current.tuning.max_restarts:
-            w.enabled = False
+        if tuner.restarts >= current.tuning.max_restarts or cycle.outcome == "canary_only":
+            w.enabled = False  # (canary_only: the job is near its end, and the fleet mixed)
         return True
 
     return handle
+
+
+def rollout_pays(watch: RegressionWatch, diag: Diagnosis,
+                 floor: float) -> Callable[[float], bool] | None:
+    """Whether a canary's measured gain pays for restarting the other servers over the work
+    left — the rule (`gain_needed`) the move was proposed under, asked again at the verdict,
+    minutes later (CI saw a won canary roll out as the work ran out). While the work left
+    asks no more than the floor (`tuning.min_predicted_gain`), the judge's bar alone decides,
+    as before."""
+    needed = watch.gain_needed
+    if needed is None:
+        return None
+    return lambda gain: (need := needed(diag)) <= floor or gain >= need
 
 
 def record_cycle(cycle: CanaryCycle, current: JobSettings, candidate: JobSettings,
@@ -92,7 +106,7 @@ def record_cycle(cycle: CanaryCycle, current: JobSettings, candidate: JobSetting
         epoch, current.server.model_dump(mode="json"), config_key(current.server, concurrency),
         concurrency, "measured", cycle.control_tok_s, predicted_current,
         f"{diag.kind}: {diag.evidence} (the control group of a canary)"[:500], now))
-    outcome: LedgerOutcome = ("measured" if cycle.outcome == "rolled_out" else
+    outcome: LedgerOutcome = ("measured" if cycle.outcome in ("rolled_out", "canary_only") else
                               "rolled_back" if cycle.outcome == "rolled_back" else "failed")
     cand_conc = candidate.client.concurrency_per_server
     ctx.ledger.record(LedgerEntry(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -31,7 +32,10 @@ from tasks.tuning.judge import Verdict, group_rates, judge
 MIN_JUDGE_WINDOWS = 3.0
 MAX_JUDGE_WINDOWS = 20.0
 
-Outcome = Literal["rolled_out", "rolled_back", "start_failed", "aborted", "no_work"]
+# canary_only: the canary won, but the work left would not pay for restarting the others;
+# it keeps the new config and they the old one, to the job's end.
+Outcome = Literal["rolled_out", "rolled_back", "start_failed", "aborted", "no_work",
+                  "canary_only"]
 
 
 @dataclass
@@ -164,12 +168,16 @@ class CanaryRun:
     """Drives one cycle on a running fleet (blocking: it runs in the watch's thread)."""
 
     def __init__(self, fleet: RollingFleet, monitor: FleetMonitor, time_scale: float,
-                 logger: Any, abort: threading.Event) -> None:
+                 logger: Any, abort: threading.Event,
+                 rollout_pays: Callable[[float], bool] | None = None) -> None:
         self.fleet = fleet
         self.monitor = monitor
         self.time_scale = time_scale
         self.logger = logger
         self.abort = abort
+        # measured gain -> whether restarting the other servers pays back over the work left
+        # (the rule the first move was held to; near the job's end it does not)
+        self.rollout_pays = rollout_pays
 
     def run(self, current: JobSettings, candidate: JobSettings,
             predicted_gain: float | None) -> CanaryCycle:
@@ -209,6 +217,11 @@ class CanaryRun:
                           f"sample (the others {cycle.control_retracted or 0:.1f}): its cap is "
                           "more than its pools sustain")
         if verdict.decision == "better" and not thrashes(cycle):
+            if self.rollout_pays is not None and not self.rollout_pays(gain):
+                cycle.outcome = "canary_only"
+                cycle.note = (f"{verdict.reason}; the work left does not pay for restarting "
+                              "the others: they keep the current config to the job's end")
+                return
             rest = [i for i in sorted(self.fleet.config) if i not in canary]
             if self._move(cycle, rest, candidate, "rollout"):
                 cycle.outcome = "rolled_out"

@@ -66,7 +66,9 @@ def test_seed_000_finds_the_mamba_bottleneck_and_gains_2_4x(prefect_api: None,
     assert (best.tok_s_per_gpu or 0.0) / (first.tok_s_per_gpu or 1.0) >= 2.4, entries
     # Every epoch chosen by the tuner records what was predicted for it next to what it did.
     assert first.predicted_tok_s_per_gpu is None  # the user's config: nothing was predicted
-    assert all(e.predicted_tok_s_per_gpu for e in entries[1:]), entries
+    # (A client-only move — the loaded-box first look above — changes no server flag and
+    # is proposed without a model figure: CI's run of session 12 took that path.)
+    assert all(e.predicted_tok_s_per_gpu for e in entries[1:] if e.flags != first.flags), entries
     assert summary["cycles"][0]["predicted_tok_s_per_gpu"] > 0
     # The job ends on the best configuration it measured (kept, or rolled back to).
     final = {k: v for k, v in best.flags.items() if v is not None and k != "extra_args"}

@@ -11,14 +11,20 @@ whole loop on real processes is tests/e2e/test_tuning.py's seed-000 scenario.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from functools import cache
 
+from infra.settings import JobSettings, load_settings
 from infra.sglang.flags import ServerFlags
 from infra.sglang.memory import plan_memory
 from infra.sglang.profiles import gpu_profile, model_profile
 from infra.sglang.versions import parse_version
 from infra.sim.predict import Workload
+from tasks.capacity import Capacity
 from tasks.monitor import Sample
+from tasks.rolling import Replaced
+from tasks.tuning.canary import CanaryRun
 from tasks.tuning.diagnosis import Diagnosis, diagnose, window_stats
 from tasks.tuning.judge import judge
 from tasks.tuning.ledger import config_key
@@ -74,9 +80,7 @@ def test_the_move_raises_the_cap_and_keeps_mtp() -> None:
 
 
 def test_the_canary_beats_the_control_and_is_rolled_out() -> None:
-    canary = ModeledServer("server-1", move().flags)  # restarted: cap + 4 in flight
-    control = ModeledServer("server-0", START, warm_s=200.0, in_flight=CLIENT)
-    rows = sampled_fleet(HW, [canary, control], PROMPT, LENGTHS, until=12 * WINDOW)
+    rows = list(canary_beside_control())
     t, verdict = 3 * WINDOW, None
     while t <= 12 * WINDOW:
         verdict = judge([s for s in rows if s.t <= t], WINDOW, t, {"server-1"}, 1.0, BAR,
@@ -90,3 +94,67 @@ def test_the_canary_beats_the_control_and_is_rolled_out() -> None:
     # prediction (docs/TUNING.md: 15 %).
     predicted = move().predicted_gain or 0.0
     assert abs(predicted / verdict.gain - 1) < 0.15, (predicted, verdict)
+
+
+class ModeledClock:
+    """The monitor and the abort event of a canary cycle, on the modeled series: waiting
+    advances the clock, a snapshot holds what was scraped by then."""
+
+    def __init__(self, rows: list[Sample]) -> None:
+        self.rows, self.t = rows, 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def snapshot(self) -> list[Sample]:
+        return [s for s in self.rows if s.t <= self.t]
+
+    def wait(self, seconds: float) -> bool:
+        self.t += seconds
+        return False
+
+    def is_set(self) -> bool:
+        return False
+
+
+class RecordedFleet:
+    """Two servers on the start config; a restart is recorded, not made."""
+
+    def __init__(self, settings: JobSettings) -> None:
+        self.config = {0: settings, 1: settings}
+        self.restarted: list[tuple[int, str]] = []
+
+    def replace(self, index: int, settings: JobSettings, tag: str) -> Replaced:
+        self.restarted.append((index, tag))
+        self.config[index] = settings
+        cap = Capacity(index, "", None, 16, 1, None, None, "")
+        return Replaced(index, cap, 0.0, 0.0, 0)
+
+
+def paying_above(need: float) -> Callable[[float], bool]:
+    return lambda gain: gain >= need
+
+
+@cache
+def canary_beside_control() -> tuple[Sample, ...]:
+    """server-1 restarted onto the move at t=0, server-0 on the start for 200 s before."""
+    canary = ModeledServer("server-1", move().flags)  # restarted: cap + 4 in flight
+    control = ModeledServer("server-0", START, warm_s=200.0, in_flight=CLIENT)
+    return tuple(sampled_fleet(HW, [canary, control], PROMPT, LENGTHS, until=12 * WINDOW))
+
+
+def test_a_won_canary_the_work_left_cannot_pay_for_stays_a_canary() -> None:
+    """Near the job's end the others keep their config: CI's run rolled a won canary out
+    while the work ran out. With work to spare, the same verdict rolls out."""
+    current = load_settings(None, **{"tuning.window_s": WINDOW})
+    candidate = current.model_copy(update={"server": move().flags})
+    rows = list(canary_beside_control())
+    outcomes = {}
+    for need in (1.1, 50.0):  # the gain the work left asks of a restart
+        fleet, clock = RecordedFleet(current), ModeledClock(rows)
+        run = CanaryRun(fleet, clock, 1.0, logging.getLogger("test"), clock,  # type: ignore[arg-type]
+                        paying_above(need))
+        cycle = run.run(current, candidate, move().predicted_gain)
+        outcomes[need] = (cycle.outcome, fleet.restarted)
+    assert outcomes[1.1] == ("rolled_out", [(1, "canary"), (0, "rollout")]), outcomes
+    assert outcomes[50.0] == ("canary_only", [(1, "canary")]), outcomes
