@@ -195,8 +195,18 @@ def _watch(live: LiveConfig, hw: Hardware, plan: MemoryPlan | None, caps: list[C
         return gain_to_pay_for_restart(left, per_prompt, server_tok_s, len(caps), cost,
                                        tuning.min_predicted_gain, tuning.restart_payback)
 
+    def work_left_s(diag: Any) -> float:
+        """Wall seconds the fleet needs for the work left at the diagnosed rate."""
+        per_prompt = (totals.tokens / totals.done if totals.done
+                      else 0.75 * settings.sampling.max_new_tokens)
+        server_tok_s = diag.tok_s_per_gpu * hw.time_scale
+        left = max(0, left_at_start - (totals.done - done_at_start))
+        return left * per_prompt / (server_tok_s * len(caps)) if server_tok_s > 0 else 0.0
+
     best = ctx.ledger.best(config_key(settings.server, settings.client.concurrency_per_server))
-    return RegressionWatch(
+    watch = RegressionWatch(
         ctx.monitor, {f"server-{c.index}": c.max_running_requests for c in caps}, plan,
         hw.time_scale, tuning.window_s, tuning.target_tok_s_per_gpu,
         best.tok_s_per_gpu if best else None, can_propose, enabled, gain_needed)
+    watch.work_left_s = work_left_s
+    return watch

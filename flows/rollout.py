@@ -58,7 +58,7 @@ def canary_handler(live: LiveConfig, fleet: RollingFleet, ctx: JobContext, tuner
         ctx.logger.warning("canary: %s on %d of %d servers — %s", candidate.server.fingerprint(),
                            current.tuning.canary_servers, len(fleet.config), proposal.reason)
         cycle = CanaryRun(fleet, ctx.monitor, hw.time_scale, ctx.logger, abort,
-                          rollout_pays(watch(), diag, current.tuning.min_predicted_gain)).run(
+                          rollout_pays(watch(), diag, current.tuning.restart_payback)).run(
             current, candidate, proposal.predicted_gain)
         tuner.restarts += 1
         record_cycle(cycle, current, candidate, diag, proposal, ctx, epoch,
@@ -83,16 +83,16 @@ def canary_handler(live: LiveConfig, fleet: RollingFleet, ctx: JobContext, tuner
 
 
 def rollout_pays(watch: RegressionWatch, diag: Diagnosis,
-                 floor: float) -> Callable[[float], bool] | None:
-    """Whether a canary's measured gain pays for restarting the other servers over the work
-    left — the rule (`gain_needed`) the move was proposed under, asked again at the verdict,
-    minutes later (CI saw a won canary roll out as the work ran out). While the work left
-    asks no more than the floor (`tuning.min_predicted_gain`), the judge's bar alone decides,
-    as before."""
-    needed = watch.gain_needed
-    if needed is None:
+                 payback: float) -> Callable[[float, float], bool] | None:
+    """Whether restarting the other servers onto a won canary's config pays back over the
+    work left: each one is out for about as long as the canary was (`restart_s`, measured)
+    and then runs `gain`× faster for the rest of the job, saving work_left × (1 − 1/gain);
+    that must be `tuning.restart_payback` × what it costs. On a long job any win pays; CI
+    saw a won canary roll out as the work ran out."""
+    left = watch.work_left_s
+    if left is None:
         return None
-    return lambda gain: (need := needed(diag)) <= floor or gain >= need
+    return lambda gain, restart_s: left(diag) * (1 - 1 / gain) >= payback * restart_s
 
 
 def record_cycle(cycle: CanaryCycle, current: JobSettings, candidate: JobSettings,

@@ -169,14 +169,14 @@ class CanaryRun:
 
     def __init__(self, fleet: RollingFleet, monitor: FleetMonitor, time_scale: float,
                  logger: Any, abort: threading.Event,
-                 rollout_pays: Callable[[float], bool] | None = None) -> None:
+                 rollout_pays: Callable[[float, float], bool] | None = None) -> None:
         self.fleet = fleet
         self.monitor = monitor
         self.time_scale = time_scale
         self.logger = logger
         self.abort = abort
-        # measured gain -> whether restarting the other servers pays back over the work left
-        # (the rule the first move was held to; near the job's end it does not)
+        # (measured gain, the canary's restart seconds) -> whether restarting the other
+        # servers pays back over the work left (near the job's end it does not)
         self.rollout_pays = rollout_pays
 
     def run(self, current: JobSettings, candidate: JobSettings,
@@ -217,7 +217,8 @@ class CanaryRun:
                           f"sample (the others {cycle.control_retracted or 0:.1f}): its cap is "
                           "more than its pools sustain")
         if verdict.decision == "better" and not thrashes(cycle):
-            if self.rollout_pays is not None and not self.rollout_pays(gain):
+            restart_s = max(cycle.restarted, default=0.0)
+            if self.rollout_pays is not None and not self.rollout_pays(gain, restart_s):
                 cycle.outcome = "canary_only"
                 cycle.note = (f"{verdict.reason}; the work left does not pay for restarting "
                               "the others: they keep the current config to the job's end")

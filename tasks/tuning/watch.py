@@ -70,6 +70,8 @@ class RegressionWatch:
         # () -> True when servers whose process was gone were started again (flows/repair.py:
         # relaunch_handler); looked at on every check, with tuning on or off.
         self.on_dead: Callable[[], bool] | None = None
+        # diagnosis -> wall seconds the fleet needs for the work left (a rollout's payback)
+        self.work_left_s: Callable[[Diagnosis], float] | None = None
         self._slow_streak: dict[str, int] = {}  # checks in a row a server was the slow one
         self._proposal: Proposal | None = None
         self.stop = threading.Event()

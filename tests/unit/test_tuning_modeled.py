@@ -131,8 +131,8 @@ class RecordedFleet:
         return Replaced(index, cap, 0.0, 0.0, 0)
 
 
-def paying_above(need: float) -> Callable[[float], bool]:
-    return lambda gain: gain >= need
+def paying_above(need: float) -> Callable[[float, float], bool]:
+    return lambda gain, _restart_s: gain >= need
 
 
 @cache
