@@ -21,6 +21,7 @@ from infra.sglang.versions import SGLangVersion
 from infra.sim.engine import SimEngine
 from infra.sim.replay import replay_engine
 from tasks.monitor import Sample
+from tasks.tuning.judge import Verdict, judge
 
 
 @dataclass(frozen=True)
@@ -96,3 +97,17 @@ def sampled_fleet(hw: Hardware, servers: list[ModeledServer], prompt_tokens: int
     rows = [s for server in servers
             for s in sampled_server(hw, server, prompt_tokens, lengths, until, tick)]
     return sorted(rows, key=lambda s: (s.t, s.server))
+
+
+def first_verdict(rows: list[Sample], window: float, start: float, until: float,
+                  canary: set[str], bar: float) -> Verdict | None:
+    """The judge's first verdict other than "wait", looking every `window` from `start` as a
+    canary cycle does (tasks/tuning/canary.py), on what was scraped by then."""
+    t, verdict = start, None
+    while t <= until:
+        verdict = judge([s for s in rows if s.t <= t], window, t, canary, 1.0, bar,
+                        final=False)
+        if verdict.decision != "wait":
+            break
+        t += window
+    return verdict

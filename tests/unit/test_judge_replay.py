@@ -25,8 +25,8 @@ from infra.sglang.versions import parse_version
 from infra.sim.predict import Workload
 from tasks.monitor import Sample
 from tasks.tuning.canary import MIN_JUDGE_WINDOWS
-from tasks.tuning.judge import group_rates, judge
-from tests.modeled import Hardware, ModeledServer, sampled_server
+from tasks.tuning.judge import group_rates
+from tests.modeled import Hardware, ModeledServer, first_verdict, sampled_server
 
 MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "models" / "qwen3.6-27b-text"
 WINDOW = 20.0
@@ -68,13 +68,6 @@ def test_the_judge_waits_for_the_turnover_and_rolls_the_faster_move_out() -> Non
     rows = list(fleet())
     steady, steadies = group_rates(rows, UNTIL / 2, UNTIL, {"server-3"}, 1.0)
     assert steady is not None and steadies is not None
-    t = MIN_JUDGE_WINDOWS * WINDOW
-    verdict = None
-    while t <= UNTIL:
-        verdict = judge([s for s in rows if s.t <= t], WINDOW, t, {"server-3"}, 1.0, BAR,
-                        final=False)
-        if verdict.decision != "wait":
-            break
-        t += WINDOW
+    verdict = first_verdict(rows, WINDOW, MIN_JUDGE_WINDOWS * WINDOW, UNTIL, {"server-3"}, BAR)
     assert verdict is not None and verdict.decision == "better", verdict
     assert verdict.gain == pytest.approx(steady / steadies, rel=0.10)

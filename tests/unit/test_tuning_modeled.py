@@ -26,10 +26,9 @@ from tasks.monitor import Sample
 from tasks.rolling import Replaced
 from tasks.tuning.canary import CanaryRun
 from tasks.tuning.diagnosis import Diagnosis, diagnose, window_stats
-from tasks.tuning.judge import judge
 from tasks.tuning.ledger import config_key
 from tasks.tuning.policy import Proposal, propose
-from tests.modeled import Hardware, ModeledServer, sampled_fleet
+from tests.modeled import Hardware, ModeledServer, first_verdict, sampled_fleet
 
 HW = Hardware(model_profile("Qwen/Qwen3.6-27B"), gpu_profile("b200"), parse_version("main"))
 START = ServerFlags(mamba_strategy="extra_buffer", max_mamba_cache_size=80,
@@ -80,14 +79,8 @@ def test_the_move_raises_the_cap_and_keeps_mtp() -> None:
 
 
 def test_the_canary_beats_the_control_and_is_rolled_out() -> None:
-    rows = list(canary_beside_control())
-    t, verdict = 3 * WINDOW, None
-    while t <= 12 * WINDOW:
-        verdict = judge([s for s in rows if s.t <= t], WINDOW, t, {"server-1"}, 1.0, BAR,
-                        final=False)
-        if verdict.decision != "wait":
-            break
-        t += WINDOW
+    verdict = first_verdict(list(canary_beside_control()), WINDOW, 3 * WINDOW, 12 * WINDOW,
+                            {"server-1"}, BAR)
     assert verdict is not None and verdict.decision == "better", verdict
     assert verdict.gain is not None and verdict.gain > 1.5
     # What the move promised is what the canary measured, within the tuner's own bar for a
