@@ -182,25 +182,26 @@ def _watch(live: LiveConfig, hw: Hardware, plan: MemoryPlan | None, caps: list[C
     totals = ctx.totals
     left_at_start, done_at_start = len(state.pending) * settings.shard_size, totals.done
 
-    def gain_needed(diag: Any) -> float:
+    def pace(diag: Any) -> tuple[float, float, int]:
+        """(output tokens per prompt, one server's wall tok/s, prompts left) at `diag`."""
         per_prompt = (totals.tokens / totals.done if totals.done
                       else 0.75 * settings.sampling.max_new_tokens)
-        server_tok_s = diag.tok_s_per_gpu * hw.time_scale  # wall-clock tok/s of one server
+        left = max(0, left_at_start - (totals.done - done_at_start))
+        return per_prompt, diag.tok_s_per_gpu * hw.time_scale, left
+
+    def gain_needed(diag: Any) -> float:
+        per_prompt, server_tok_s, left = pace(diag)
         if server_tok_s <= 0:
             return tuning.min_predicted_gain
         cost = restart_cost(startup_s, tuning.drain_timeout_s, settings.stop_grace_s,
                             per_prompt, max(c.max_running_requests for c in caps),
                             server_tok_s)
-        left = max(0, left_at_start - (totals.done - done_at_start))
         return gain_to_pay_for_restart(left, per_prompt, server_tok_s, len(caps), cost,
                                        tuning.min_predicted_gain, tuning.restart_payback)
 
     def work_left_s(diag: Any) -> float:
         """Wall seconds the fleet needs for the work left at the diagnosed rate."""
-        per_prompt = (totals.tokens / totals.done if totals.done
-                      else 0.75 * settings.sampling.max_new_tokens)
-        server_tok_s = diag.tok_s_per_gpu * hw.time_scale
-        left = max(0, left_at_start - (totals.done - done_at_start))
+        per_prompt, server_tok_s, left = pace(diag)
         return left * per_prompt / (server_tok_s * len(caps)) if server_tok_s > 0 else 0.0
 
     best = ctx.ledger.best(config_key(settings.server, settings.client.concurrency_per_server))

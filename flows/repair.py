@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flows.job import Cycle, Hardware, cycles_artifact
 from flows.rollout import LiveConfig
-from tasks.health import ServerStartFailed, StartAborted
+from tasks.health import ServerStartFailed, StartAborted, log_tail
 from tasks.rolling import RollingFleet
 from tasks.tuning.diagnosis import Diagnosis, slow_servers
 from tasks.tuning.ledger import config_key
@@ -109,7 +108,7 @@ def relaunch_handler(live: LiveConfig, fleet: RollingFleet, ctx: JobContext,
                     told.add(name)
                     ctx.logger.error("%s died again after %d relaunches; left down, the "
                                      "others go on (its log: %s)", name, MAX_RELAUNCHES,
-                                     fleet.handles()[index].log_path)
+                                     fleet.handle(index).log_path)
                 continue
             tuner.relaunched[name] = tuner.relaunched.get(name, 0) + 1
             relaunched |= relaunch(index, live, fleet, ctx, epoch)
@@ -127,8 +126,8 @@ def relaunch(index: int, live: LiveConfig, fleet: RollingFleet, ctx: JobContext,
              epoch: int) -> bool:
     """Start dead server `index` again with the fleet's config; True when it came back."""
     settings = live.settings
-    handle = next(h for h in fleet.handles() if h.index == index)
-    why = f"server-{index}'s process is gone ({last_line(Path(handle.log_path))})"
+    handle = fleet.handle(index)
+    why = f"server-{index}'s process is gone ({last_line(handle.log_path)})"
     ctx.logger.warning("%s: relaunched alone on the same config", why)
     try:
         replaced = fleet.replace(index, settings, tag="relaunch", force=True)
@@ -151,12 +150,7 @@ def relaunch(index: int, live: LiveConfig, fleet: RollingFleet, ctx: JobContext,
     return True
 
 
-def last_line(log: Path) -> str:
+def last_line(log: str) -> str:
     """The server log's last line: SGLang's, or the simulator's, reason for exiting."""
-    try:
-        with open(log, "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - 4096))
-            lines = [x for x in f.read().decode(errors="replace").splitlines() if x.strip()]
-    except OSError:
-        return "no log"
-    return f"its log ends: {lines[-1].strip()[:200]!r}" if lines else "its log is empty"
+    line = log_tail(log, 1).strip()
+    return f"its log ends: {line[:200]!r}" if line else "its log is empty or gone"

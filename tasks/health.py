@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -31,12 +30,16 @@ class ServerStartFailed(RuntimeError):
         self.log_tail = log_tail
 
 
-def log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
+def log_tail(path: str, lines: int = LOG_TAIL_LINES, window: int = 65536) -> str:
+    """The log's last `lines` non-empty lines, from its last `window` bytes only: a server log
+    of a long job runs to gigabytes."""
     try:
-        text = Path(path).read_text(errors="replace")
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - window))
+            text = f.read().decode(errors="replace")
     except OSError:
         return ""
-    return "\n".join(text.splitlines()[-lines:])
+    return "\n".join([x for x in text.splitlines() if x.strip()][-lines:])
 
 
 class StartAborted(ServerStartFailed):

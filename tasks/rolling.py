@@ -63,6 +63,10 @@ class RollingFleet:
         with self._lock:
             return [self._handles[i] for i in sorted(self._handles)]
 
+    def handle(self, index: int) -> ServerHandle:
+        with self._lock:
+            return self._handles[index]
+
     def dead(self) -> list[int]:
         """Servers whose process is gone (crashed, killed, OOM): the exit is read from the
         process table, not from scrapes, so a busy server that answers slowly is not one."""
