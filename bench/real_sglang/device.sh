@@ -203,6 +203,7 @@ limits)
   ;;
 vsbench)
   need_deps
+  mkdir -p /tmp/benchdeps && python3 -c "import zipfile,glob; [zipfile.ZipFile(f).extractall('/tmp/benchdeps') for f in glob.glob('.whlx/bench/*.whl')]"
   PYTHONPATH=$D:$ROOT timeout 590 python3 bench/real_sglang/vs_bench.py --config "$2" --name "$3" \
     --rows "$4" --input-len "$5" --output-len "$6" --ratio "$7" --conc "$8" --out "/tmp/vs-$3" \
     2> >(tee "$OUT/vs-$3.stderr" >&2) | tee "$OUT/vs-$3.json"

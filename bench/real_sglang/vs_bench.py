@@ -42,6 +42,21 @@ def bench_rows(n: int, input_len: int, output_len: int, ratio: float, vocab: int
              "max_new_tokens": int(lens_out[i])} for i in range(n)]
 
 
+# SGLang's benchmark client imports every dataset module, MMMU's with HF `datasets`, which the
+# device's runtime lacks; aiohttp and tqdm it needs come as wheels (.whlx/bench, unpacked by
+# device.sh into /tmp/benchdeps), requests from the pipeline's deps. The random-ids dataset
+# uses none of `datasets`: its one name raises if anything calls it.
+BENCHMARK_BOOT = """
+import runpy, sys, types
+sys.path += ["/tmp/benchdeps", "/tmp/expdeps"]
+def _absent(*a, **k):
+    raise RuntimeError("HF datasets is not installed on the device: use a random dataset")
+sys.modules.setdefault("datasets", types.ModuleType("datasets")).load_dataset = _absent
+sys.argv[0] = "sglang.benchmark.serving"
+runpy.run_module("sglang.benchmark.serving", run_name="__main__", alter_sys=True)
+"""
+
+
 def wait_healthy(url: str, timeout_s: float) -> float:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
@@ -75,7 +90,7 @@ def _serving_benchmark(args: argparse.Namespace, settings: Any, port: int,
     up = wait_healthy(f"http://127.0.0.1:{port}", 500)
     print(f"benchmark's server healthy after {up:.0f} s", file=sys.stderr, flush=True)
     result = out / "bench.jsonl"
-    cmd = [args.python, "-m", "sglang.benchmark.serving", "--backend", "sglang",
+    cmd = [args.python, "-c", BENCHMARK_BOOT, "--backend", "sglang",
            "--host", "127.0.0.1", "--port", str(port),
            "--dataset-name", "random-ids", "--tokenize-prompt",
            "--model", settings.model, "--tokenizer", settings.model,

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "bench" / "real_sglang" / "data" / "2026-12-02-h200-s8"
 DATA_S9 = DATA.with_name("2026-12-02-h200-s9")  # the run that retracts more (session 9)
 DATA_S10 = DATA.with_name("2026-12-02-h200-s10")  # NemotronH's cap rerun, long runs (session 10)
+DATA_S13 = DATA.with_name("2026-12-02-h200-s13")  # extra_buffer that retracts (session 13)
 H200 = gpu_profile("h200")
 V0517 = parse_version("0.5.17")
 MODELS = {  # the device's model folder → the same shapes here, weights as the log gives them
@@ -42,7 +43,7 @@ def servers() -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for data, name in ((DATA, "long27b"), (DATA, "cal27b"), (DATA, "calnh4b"),
                        (DATA_S9, "long27r"), (DATA_S10, "nh4b_s10"), (DATA_S10, "nh4br_s10"),
-                       (DATA_S10, "q27cap_s10")):
+                       (DATA_S10, "q27cap_s10"), (DATA_S13, "q27ebr")):
         for server in json.loads(gzip.decompress((data / f"{name}.results.json.gz").read_bytes())):
             if "runs" in server:
                 out[server["name"]] = server
@@ -60,7 +61,8 @@ def setup(name: str) -> tuple[ModelProfile, ServerFlags, dict[str, Any]]:
 
 
 GDN_FIXED = ["q27b_nb", "q27b_eb", "q27b_nb_r06", "q27b_nb_mrr32"]
-ALL = ["q27b_nb450_kv100k", "q27b_nb450_kv50k", *GDN_FIXED, "nh4b_nb", "nh4b_nb_r03"]
+ALL = ["q27b_nb450_kv100k", "q27b_nb450_kv50k", "q27b_eb300_kv50k", *GDN_FIXED, "nh4b_nb",
+       "nh4b_nb_r03"]
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -170,6 +172,21 @@ def test_a_mamba2_hybrid_that_retracts_is_replayed_within_15_percent() -> None:
     assert sim.answered == len(run["requests_list"])
     assert sim.committed_tok_s == pytest.approx(run["committed_tok_s"], rel=0.15)
     assert 0 < sim.retracted <= run["retracted"]
+
+
+def test_extra_buffer_that_retracts_is_replayed_answer_for_answer() -> None:
+    """The 27B shapes under extra_buffer (`--max-mamba-cache-size 300`: cap 60, 5 slots a
+    request) on a 50,000-token pool, 100 rows lognormal (mean 1,500, p99 8,000), 96 clients,
+    cut at 140 s: real SGLang answered 93 (887.3 committed tok/s) and retracted 3 requests;
+    the replay of the same rows answers 94 (895.5 tok/s) and retracts 3 (session 13)."""
+    model, flags, server = setup("q27b_eb300_kv50k")
+    run = server["runs"][0]
+    assert (run["answered"], run["retracted"], run["errors"]) == (93, 3, 0)
+    sim = replay_requests(model, H200, flags, V0517, [tuple(r) for r in run["requests_list"]],
+                          run["concurrency"], max_s=run["wall_s"])
+    assert abs(sim.answered - run["answered"]) <= 2
+    assert sim.committed_tok_s == pytest.approx(run["committed_tok_s"], rel=0.05)
+    assert sim.retracted == run["retracted"]
 
 
 def test_lognormal_workloads_keep_their_mean_and_p99() -> None:
