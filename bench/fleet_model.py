@@ -99,6 +99,7 @@ class Server:
     decoded_before: float = 0.0  # tokens decoded by this slot's earlier engines
     launches: int = 0  # times it came up
     speed: float = 1.0  # its GPU's speed while this launch lasts (a restart heals it)
+    clients: int | None = None  # its in-flight limit (None: its cap + the queue target)
 
 
 @dataclass
@@ -133,10 +134,14 @@ class ModeledFleet:
     def now(self) -> float:
         return asyncio.get_running_loop().time()
 
-    def launch(self, name: str, flags: ServerFlags, speed: float = 1.0) -> asyncio.Task[None]:
-        """Start (or restart) a server: down for `startup_s`, then pulling from the queue."""
+    def launch(self, name: str, flags: ServerFlags, speed: float = 1.0,
+               clients: int | str | None = "fleet") -> asyncio.Task[None]:
+        """Start (or restart) a server: down for `startup_s`, then pulling from the queue
+        with the fleet's in-flight limit, or its own (`clients`: a canary's candidate config
+        carries its client concurrency, None for its cap + the queue target)."""
         server = self.servers.setdefault(name, Server(name, flags))
         server.flags, server.speed = flags, speed
+        server.clients = self.clients if clients == "fleet" else clients  # type: ignore[assignment]
         task = asyncio.create_task(self._start(server))
         self._starting.add(task)  # held until it ends (the loop keeps only weak references)
         task.add_done_callback(self._starting.discard)
@@ -150,8 +155,15 @@ class ModeledFleet:
         server.tasks = [asyncio.create_task(engine.run())]
         self.top_up()
 
-    def limit(self, engine: ModeledEngine) -> int:
-        return self.clients or engine.plan.max_running_requests + self.queue_target
+    def limit(self, server: Server, engine: ModeledEngine) -> int:
+        return server.clients or engine.plan.max_running_requests + self.queue_target
+
+    def set_clients(self, clients: int | None) -> None:
+        """A client-only move: every server's in-flight limit, at once."""
+        self.clients = clients
+        for server in self.servers.values():
+            server.clients = clients
+        self.top_up()
 
     def top_up(self) -> None:
         """Give every live server as many workers as its in-flight limit (after a start, or
@@ -160,7 +172,7 @@ class ModeledFleet:
             engine = server.engine
             if engine is None or not server.accepting:
                 continue
-            missing = self.limit(engine) - (len(server.tasks) - 1)
+            missing = self.limit(server, engine) - (len(server.tasks) - 1)
             server.tasks += [asyncio.create_task(self._worker(server, engine))
                              for _ in range(missing)]
 
@@ -234,3 +246,19 @@ class ModeledFleet:
                                st.cache_hit_rate, float(st.requests_total),
                                float(engine._decoded)))
         return rows
+
+
+def steady_tok_s(hw: Hardware, flags: ServerFlags, lengths: list[int], prompt_tokens: int,
+                 max_new_tokens: int, clients: int | None, warm_s: float = 600.0) -> float:
+    """One server's decode rate over hours of this workload, from `warm_s` (the running set
+    filled with the long requests a steady state holds) to the moment its queue runs dry."""
+    async def job() -> float:
+        fleet = ModeledFleet(hw, lengths, prompt_tokens, max_new_tokens, 0.0, clients)
+        fleet.launch("server-0", flags)
+        await asyncio.sleep(warm_s)
+        t0, d0 = fleet.now(), fleet.decoded("server-0")
+        while fleet.queue:
+            await asyncio.sleep(10.0)
+        return (fleet.decoded("server-0") - d0) / (fleet.now() - t0)
+
+    return run_modeled(job())

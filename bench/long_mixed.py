@@ -38,18 +38,21 @@ def true_rate(sc: dict[str, Any], flags: dict[str, Any]) -> float:
 
 def committed_sweep(sc: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     """The best committed rate over the levers the tuner moves (strategy × mem fraction ×
-    mamba share — ×1.5, ×2, ×3, ×4, ×6, the shares the policy proposes — each also with the
-    cap its KV pool holds for the workload's lengths)."""
+    mamba share — ×1.5, ×2, ×3, ×4, ×6, the shares the policy proposes — × the request cap
+    lifted to 256 as its combined moves do (a build whose default cap is below what the pools
+    hold: seed-004's B200 read 48 of 69), each also with the cap its KV pool holds for the
+    workload's lengths)."""
     model = model_profile(sc["model"], sc.get("weights_gib"))
     gpu, version = gpu_profile(sc["gpu"]), parse_version(sc["version"])
     demand = Demand(workload=workload(sc))
     best: tuple[float, dict[str, Any]] = (0.0, {})
     base = ServerFlags(**sc["server"])
-    for strategy, mem, ratio, fit in itertools.product(
+    scored: set[tuple[Any, ...]] = set()  # flag sets whose pools come out the same score alike
+    for strategy, mem, ratio, mrr, fit in itertools.product(
             ["extra_buffer", "no_buffer"], [None, 0.9, 0.95], [None, 1.35, 1.8, 2.7, 3.6, 5.4],
-            [False, True]):
+            [base.max_running_requests, 256], [False, True]):
         flags = base.with_changes(mamba_strategy=strategy, mem_fraction_static=mem,
-                                  mamba_full_memory_ratio=ratio)
+                                  mamba_full_memory_ratio=ratio, max_running_requests=mrr)
         try:
             plan = plan_memory(model, gpu, flags, version)
             if fit:  # the cap the tuner would propose it with (policy.fit_to_kv)
@@ -58,6 +61,12 @@ def committed_sweep(sc: dict[str, Any]) -> tuple[float, dict[str, Any]]:
                     continue  # it fits as it is: already scored
         except PoolsDoNotFit:
             continue
+        pools = plan_memory(model, gpu, flags, version)
+        same = (pools.mamba_strategy, pools.max_running_requests, pools.max_total_num_tokens,
+                pools.mamba_slots)
+        if same in scored:
+            continue
+        scored.add(same)
         record = flags.model_dump(exclude_none=True, exclude={"extra_args"})
         tok = true_rate(sc, record)
         if tok > best[0]:

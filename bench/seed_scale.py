@@ -35,8 +35,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fleet_model import ModeledFleet, run_modeled  # noqa: E402
-from long_mixed import committed_sweep, true_rate, workload  # noqa: E402
+from fleet_model import ModeledFleet, run_modeled, steady_tok_s  # noqa: E402
+from long_mixed import committed_sweep, workload  # noqa: E402
 
 from infra.settings import TuningSettings  # noqa: E402
 from infra.sglang.flags import ServerFlags  # noqa: E402
@@ -62,6 +62,7 @@ SEEDS: dict[str, Any] = {  # seed-004 (../shared/seeds/004_*.txt)
 }
 TICK_S = 5.0  # the monitor's sample interval (tuning.sample_interval_s)
 KEEP_S = 1800.0  # scrapes kept for the tuner: a canary is judged within 20 windows
+STEADY_ROWS = 15000  # a best rate's run: ~1.5 modeled hours of one server
 
 
 @dataclass
@@ -147,9 +148,8 @@ class Job:
                 continue
             tried.add(config_key(proposal.flags, proposal.concurrency))
             if proposal.flags == self.current:  # a client-only move: no restart
-                self.fleet.clients = proposal.concurrency
+                self.fleet.set_clients(proposal.concurrency)
                 self._record(proposal, "client_only", None)
-                self.fleet.top_up()
                 continue
             budget -= 1
             await self._canary(proposal, window)
@@ -179,8 +179,9 @@ class Job:
         return left / max(1e-9, tok_s_per_gpu * len(self.names))
 
     async def _canary(self, proposal: Proposal, window: float) -> None:
-        canary, old = self.names[0], self.current
-        await self._restart(canary, proposal.flags)
+        canary, old, old_clients = self.names[0], self.current, self.fleet.clients
+        # the candidate carries its client concurrency (flows/rollout.py: None, the cap + 4)
+        await self._restart(canary, proposal.flags, proposal.concurrency)
         since = self.fleet.now()
         verdict = None
         while True:
@@ -196,16 +197,17 @@ class Job:
         if verdict.decision == "better":
             self.current = proposal.flags
             self.epoch += 1
+            self.fleet.clients = proposal.concurrency
             for name in self.names[1:]:
-                await self._restart(name, proposal.flags)
+                await self._restart(name, proposal.flags, proposal.concurrency)
             self._record(proposal, "rolled_out", verdict.gain)
         else:
-            await self._restart(canary, old)
+            await self._restart(canary, old, old_clients)
             self._record(proposal, "rolled_back", verdict.gain)
 
-    async def _restart(self, name: str, flags: ServerFlags) -> None:
+    async def _restart(self, name: str, flags: ServerFlags, clients: int | None) -> None:
         await self.fleet.stop(name, self.tuning.drain_timeout_s)
-        await self.fleet.launch(name, flags)
+        await self.fleet.launch(name, flags, clients=clients)
 
     def _record(self, proposal: Proposal, outcome: str, measured: float | None) -> None:
         self.ledger.cycles.append({
@@ -217,11 +219,23 @@ class Job:
             "measured_gain": round(measured, 3) if measured else None})
 
 
-def best_rate(sc: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-    """The best steady committed rate per server the policy's levers reach (the start's MTP
-    kept, its slot limit lifted: the levers the policy moves)."""
+def best_rate(sc: dict[str, Any], seed: int) -> tuple[float, dict[str, Any]]:
+    """The best steady rate per server the policy's levers reach: the sweep over them (the
+    start's MTP kept, its slot limit lifted) ranks configurations by the predictor's replay;
+    the winner's rate is then read the way the job runs it, one server on the modeled fleet
+    over hours of the job's own lengths (STEADY_ROWS of them) — the yardstick is the model
+    the job runs on, not the predictor's estimate of it."""
     free = {k: v for k, v in sc["server"].items() if k != "max_mamba_cache_size"}
-    return committed_sweep(sc | {"server": free})
+    _, flags = committed_sweep(sc | {"server": free})
+    return rate_of(sc, flags, seed), flags
+
+
+def rate_of(sc: dict[str, Any], flags: dict[str, Any], seed: int) -> float:
+    work = workload(sc)
+    hw = Hardware(model_profile(sc["model"]), gpu_profile(sc["gpu"]),
+                  parse_version(sc["version"]))
+    return steady_tok_s(hw, ServerFlags(**flags), work.output_lengths(STEADY_ROWS, seed),
+                        work.prompt_tokens, sc["max_new_tokens"], clients=None)
 
 
 def main() -> None:
@@ -231,7 +245,7 @@ def main() -> None:
     args = parser.parse_args()
     sc = SEEDS | {"prompts": args.prompts}
     t0 = time.monotonic()
-    best, best_flags = best_rate(sc)
+    best, best_flags = best_rate(sc, args.seed)
     print(f"best steady rate {best:.1f} tok/s a server ({time.monotonic() - t0:.0f} s)",
           file=sys.stderr)
     job = Job(sc, best, args.seed)
@@ -247,7 +261,7 @@ def main() -> None:
         "output_tokens": tokens, "wall_h": round(wall / 3600, 2),
         "job_efficiency": round(tokens / (best * gpu_s), 4),
         "best_tok_s_per_server": round(best, 1), "best_flags": best_flags,
-        "start_tok_s_per_server": round(true_rate(sc, sc["server"]), 1),
+        "start_tok_s_per_server": round(rate_of(sc, sc["server"], args.seed), 1),
         "lost_gpu_time_h": lost, "gpu_h": round(gpu_s / 3600, 2),
         "cycles": job.ledger.cycles, "server_restarts": tally.restarts,
         "bench_s": round(time.monotonic() - t0, 1)}))

@@ -34,7 +34,13 @@ from infra.sim.replay_worker import WORKER
 from infra.sim.text import lognormal_params
 
 ROUNDS_FIXED = 4  # rounds of the cap replayed for fixed lengths (waves: the 2nd is steady)
-ROUNDS_MIXED = 8  # for a spread of lengths, whose long tail needs more rows to settle
+# For a spread of lengths: the running set's steady composition is length-biased (a long
+# request stays for many rounds), and at 8 rounds it had not filled with long requests yet —
+# on the seeds' B200 job the replay read 6,254 tok/s for a KV-bound cap of 98 that runs
+# ~5,500 over hours (bench/fleet_model.py) and 5,372 for a cap of 69 that runs ~6,000: it
+# ranked them the wrong way round. At 32: 5,678 and 5,826, and the real long-output restart
+# cycle (tests/unit/test_real_long_restart.py) within +4.4 % and −2.1 %. Costs ~3× the time.
+ROUNDS_MIXED = 32
 
 
 @dataclass(frozen=True)

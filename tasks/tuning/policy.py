@@ -85,11 +85,16 @@ def _combined_moves(model: ModelProfile, flags: ServerFlags, plan: MemoryPlan | 
         # memory model answers: one cycle should land on the best split, not on the first
         # step towards it (the next step is then often below min_predicted_gain, and the job
         # stays at 95 % of what it could do: bench/tuning.py canary-4).
-        for mult, mem in itertools.product((3, 4, 6), sorted({m, mem_ceiling})):
-            out.append((f"no_buffer + mamba share ×{mult} + mem fraction {mem:g}",
+        # Each with SGLang's default request cap and with it lifted to 256: a build whose
+        # default is below what the bigger pool holds (seed-004's B200 build: 48) would
+        # otherwise cap the move where the last one had lifted it (bench/seed_scale.py).
+        for mult, mem, mrr in itertools.product((3, 4, 6), sorted({m, mem_ceiling}),
+                                                (None, 256)):
+            out.append((f"no_buffer + mamba share ×{mult} + mem fraction {mem:g}"
+                        + (f" + MRR {mrr}" if mrr else ""),
                         flags.with_changes(mamba_strategy="no_buffer",
                                            mamba_full_memory_ratio=scaled_ratio(ratio, mult),
-                                           mem_fraction_static=mem, max_running_requests=None,
+                                           mem_fraction_static=mem, max_running_requests=mrr,
                                            max_mamba_cache_size=None)))
     if flags.speculative and plan is not None and plan.binding_limit == "mamba":
         slots = (flags.max_mamba_cache_size or plan.mamba_slots) * 2
