@@ -21,13 +21,21 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import httpx
 
 from infra.sglang.client import auth_headers, tls_context
 from tasks.affinity import AffinityQueue, Primer
+from tasks.dispatch_records import (
+    DispatchStats,
+    Endpoint,
+    PermanentFailure,
+    ShardState,
+    TransientFailure,
+    WorkItem,
+)
 from tasks.requests import (
     DispatchOptions,
     MalformedAnswer,
@@ -37,6 +45,7 @@ from tasks.requests import (
     parse_response,
     unsendable,
 )
+from tasks.suspects import SuspectLane, quarantined, server_died
 
 __all__ = [
     "DispatchOptions",
@@ -58,61 +67,6 @@ class FleetDown(RuntimeError):
     """Every server stopped answering; committed shards are safe, the rest resume later."""
 
 
-@dataclass(frozen=True)
-class Endpoint:
-    name: str
-    url: str
-    limit: int
-    config: str  # server-config fingerprint recorded with each completion
-    version: str | None = None  # the server's SGLang version, recorded with each completion
-    primes_prefixes: bool = False  # its cache cannot resume at branch points (no_buffer)
-
-
-@dataclass
-class _Item:
-    shard: int
-    index: int  # position in the shard: row × samples + sample
-    row: dict[str, Any]
-    sample: int = 0
-    attempts: int = 0
-    last_error: str = ""
-
-
-@dataclass
-class _Shard:
-    size: int
-    results: dict[int, dict[str, Any]] = field(default_factory=dict)
-    errors: dict[int, dict[str, Any]] = field(default_factory=dict)
-
-    @property
-    def done(self) -> bool:
-        return len(self.results) + len(self.errors) == self.size
-
-
-class _Permanent(Exception):
-    pass
-
-
-class _Transient(Exception):
-    def __init__(self, message: str, connect: bool = False) -> None:
-        super().__init__(message)
-        self.connect = connect
-
-
-@dataclass
-class DispatchStats:
-    completed: int = 0
-    errors: int = 0
-    output_tokens: int = 0
-    retries: int = 0
-    primers: int = 0  # groups whose shared prefix went first (tasks/affinity.py)
-    started: float = field(default_factory=time.monotonic)
-
-    @property
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started
-
-
 CommitFn = Callable[[int, list[dict[str, Any]], list[dict[str, Any]]], Awaitable[None]]
 
 
@@ -132,7 +86,7 @@ class Dispatcher:
         self._queue = AffinityQueue(opts.prefix_key_chars,
                                     lambda: [e.name for e in self._live()],
                                     primes=self._primes_prefixes)
-        self._shards: dict[int, _Shard] = {}
+        self._shards: dict[int, ShardState] = {}
         self._dead: set[str] = set()
         self._connect_failures: dict[str, int] = {}
         self._in_flight = 0
@@ -145,6 +99,7 @@ class Dispatcher:
         self._retired: set[str] = set()
         self._generation: dict[str, int] = {e.name: 0 for e in endpoints}
         self._in_flight_by: dict[str, int] = {}
+        self._suspects = SuspectLane()  # prompts that were on a server when it died
         self._workers: list[asyncio.Task[None]] = []
         self._stack: contextlib.AsyncExitStack | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -193,13 +148,11 @@ class Dispatcher:
             feeder = asyncio.create_task(self._feed(shards))
             try:
                 while not feeder.done():
-                    if self._fatal is not None:
-                        raise self._fatal
+                    self._raise_if_failed()
                     await asyncio.sleep(0.02)
                 await feeder
                 while self._shards and not self.stop.is_set():
-                    if self._fatal is not None:
-                        raise self._fatal
+                    self._raise_if_failed()
                     if len(self._dead) == len(self.endpoints):
                         raise FleetDown(
                             f"all {len(self.endpoints)} servers stopped answering; "
@@ -215,6 +168,15 @@ class Dispatcher:
                 feeder.cancel()
                 self._stack = None
         return self.stats
+
+    def _raise_if_failed(self) -> None:
+        """A fatal fleet error, or a worker that died of a bug: raise it here rather than
+        wait forever for shards no worker will finish."""
+        if self._fatal is not None:
+            raise self._fatal
+        for task in self._workers:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise RuntimeError("a dispatch worker failed") from task.exception()
 
     # --- servers leaving and joining (called on the loop; FleetControl is the thread-safe
     # face) --------------------------------------------------------------------------------
@@ -255,10 +217,10 @@ class Dispatcher:
             if self.stop.is_set():
                 return
             n = self.opts.samples
-            self._shards[shard_id] = _Shard(size=len(rows) * n)
+            self._shards[shard_id] = ShardState(size=len(rows) * n)
             for index, row in enumerate(rows):
                 for sample in range(n):
-                    self._put(_Item(shard_id, index * n + sample, row, sample))
+                    self._put(WorkItem(shard_id, index * n + sample, row, sample))
             if not rows:
                 await self._finish(shard_id)
 
@@ -282,8 +244,13 @@ class Dispatcher:
             if self.stop.is_set() or not self._serves(ep, generation):
                 self._put(item)  # stopped, died or left while we waited: hand it on
                 return
+            if not self._suspects.may_run(ep.name, item):
+                self._put(item)  # a suspect already runs here: another server takes it
+                await asyncio.sleep(0.05)
+                continue
             self._in_flight += 1
             self._in_flight_by[ep.name] = self._in_flight_by.get(ep.name, 0) + 1
+            suspect = self._suspects.started(ep.name, item)
             try:
                 await self._handle(ep, client, item)
             except FleetDown as exc:
@@ -292,8 +259,9 @@ class Dispatcher:
             finally:
                 self._in_flight -= 1
                 self._in_flight_by[ep.name] -= 1
+                self._suspects.ended(ep.name, suspect)
 
-    async def _handle(self, ep: Endpoint, client: httpx.AsyncClient, item: _Item) -> None:
+    async def _handle(self, ep: Endpoint, client: httpx.AsyncClient, item: WorkItem) -> None:
         refused = unsendable(item.row, self.opts)
         if refused is not None:
             self._queue.done(item)
@@ -303,14 +271,21 @@ class Dispatcher:
         started = time.monotonic()
         try:
             answer = await self._post(ep, client, path, body)
-        except _Permanent as exc:
+        except PermanentFailure as exc:
             self._queue.done(item)
             await self._record_error(item, str(exc))
             return
-        except _Transient as exc:
+        except TransientFailure as exc:
             item.attempts += 1
             item.last_error = str(exc)
             self.stats.retries += 1
+            if exc.lost and await server_died(client, ep.url):
+                item.killed.append(ep.name)
+                reason = quarantined(item)
+                if reason is not None:
+                    self._queue.done(item)
+                    await self._record_error(item, reason)
+                    return
             if exc.connect:
                 fails = self._connect_failures.get(ep.name, 0) + 1
                 self._connect_failures[ep.name] = fails
@@ -346,14 +321,14 @@ class Dispatcher:
             "max_new_tokens": 1, "temperature": 0.0, "top_p": 1.0}))
         try:
             await self._post(ep, client, path, body)
-        except (_Permanent, _Transient) as exc:
+        except (PermanentFailure, TransientFailure) as exc:
             log.info("%s: a prefix primer failed (%s); its group goes on without it",
                      ep.name, exc)
         finally:
             self._queue.done(primer)
             self.stats.primers += 1
 
-    def _put(self, item: _Item) -> None:
+    def _put(self, item: WorkItem) -> None:
         self._queued[item.shard] = self._queued.get(item.shard, 0) + 1
         self._queue.put(item)
 
@@ -363,24 +338,26 @@ class Dispatcher:
             resp = await client.post(f"{ep.url}{path}", content=json.dumps(body),
                                            headers={"Content-Type": "application/json"})
         except httpx.ConnectError as exc:
-            raise _Transient(f"{ep.name}: cannot connect ({exc})", connect=True) from exc
-        except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
-            raise _Transient(f"{ep.name}: {type(exc).__name__}: {exc}") from exc
+            raise TransientFailure(f"{ep.name}: cannot connect ({exc})", connect=True) from exc
+        except httpx.TimeoutException as exc:
+            raise TransientFailure(f"{ep.name}: {type(exc).__name__}: {exc}") from exc
+        except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:  # broke mid-request
+            raise TransientFailure(f"{ep.name}: {type(exc).__name__}: {exc}", lost=True) from exc
         if resp.status_code == 401:
             raise FleetDown(f"{ep.url}{path}: 401 Unauthorized; set api_key to the servers' "
                             "--api-key")
         if resp.status_code >= 500 or resp.status_code == 429:
-            raise _Transient(f"{ep.name}: HTTP {resp.status_code}")
+            raise TransientFailure(f"{ep.name}: HTTP {resp.status_code}")
         if resp.status_code >= 400:
-            raise _Permanent(f"HTTP {resp.status_code}: {error_message(resp)}")
+            raise PermanentFailure(f"HTTP {resp.status_code}: {error_message(resp)}")
         try:
             return parse_response(path, resp.json())
         except ValueError as exc:
-            raise _Transient(f"{ep.name}: answer is not JSON") from exc
+            raise TransientFailure(f"{ep.name}: answer is not JSON") from exc
         except MalformedAnswer as exc:
-            raise _Transient(f"{ep.name}: {exc}") from exc
+            raise TransientFailure(f"{ep.name}: {exc}") from exc
 
-    async def _record_error(self, item: _Item, reason: str) -> None:
+    async def _record_error(self, item: WorkItem, reason: str) -> None:
         shard = self._shards[item.shard]
         shard.errors[item.index] = {"id": item.row["id"], "sample_index": item.sample,
                                     "error": reason, "attempts": item.attempts + 1}

@@ -26,6 +26,9 @@ class Faults:
     reset_rate: float = 0.0  # share of generate calls whose connection is dropped
     hang_rate: float = 0.0  # share of generate calls that never answer
     crash_after_requests: int | None = None  # exit(1) abruptly after N completed requests
+    # A prompt containing this text kills the server when it is scheduled, every time (some
+    # real inputs hit a kernel fault; no client-side check can see them coming).
+    crash_on_text: str | None = None
     fail_start: str | None = None  # "oom" or "error": refuse to start
     start_delay_s: float | None = None  # override the startup delay
     oom_above_mem_fraction: float | None = None  # CUDA OOM at start above this fraction

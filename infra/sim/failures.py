@@ -55,6 +55,15 @@ class Failures:
             log("Received sigquit from a child process. It usually means the child failed.")
             os._exit(1)
 
+    def die_on_poison(self, prompt: str) -> None:
+        """The fault `crash_on_text`: the scheduler dies on this prompt, as on a bad id."""
+        poison = self.faults.crash_on_text
+        if poison is not None and poison in prompt:
+            log("Scheduler hit an exception: RuntimeError: CUDA error: an illegal memory "
+                "access was encountered (fault injection: crash_on_text)")
+            log("Received sigquit from a child process. It usually means the child failed.")
+            os._exit(1)
+
     def after_completion(self) -> None:
         self.completed += 1
         limit = self.faults.crash_after_requests

@@ -90,6 +90,8 @@ class SimServer:
         """One completion; `prompt` is text, or token ids (what SGLang calls input_ids)."""
         if isinstance(prompt, list):
             self.failures.die_on_unknown_token(prompt)
+        else:
+            self.failures.die_on_poison(prompt)
         prompt_tokens = (len(prompt) if isinstance(prompt, list)
                          else count_prompt_tokens(prompt))
         max_new = int(sampling.get("max_new_tokens") or 128)

@@ -1,0 +1,67 @@
+"""Rows that kill servers: found by riding alone, quarantined after two deaths.
+
+Some inputs crash a real server every time they are scheduled (a kernel fault; on SGLang
+0.5.17 a token id past the vocabulary, which the dispatcher checks before sending, is the
+known one). Retried like any lost request, such a row would take down one server after
+another. When a server dies, every prompt it was running is implicated — the killer is one of
+them. An implicated prompt is a suspect: it runs again, but never beside another suspect on
+the same server, so the next death on its server implicates it alone among the suspects.
+A prompt implicated in KILLS_TO_QUARANTINE deaths is not sent again: it becomes an error row
+that names the servers, and the rest of the job runs (the dead servers are relaunched by the
+flow, flows/repair.py). An innocent prompt reaches two only if a second, different killer
+strikes while it is that server's one suspect.
+
+A broken connection alone is not a death: the server's /health is asked first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from tasks.dispatch_records import WorkItem
+
+KILLS_TO_QUARANTINE = 2
+SETTLE_S = 0.5  # after a broken connection, before asking /health: a dying server's port
+HEALTH_TIMEOUT_S = 5.0
+
+
+class SuspectLane:
+    """Which servers run a suspect now: at most one each."""
+
+    def __init__(self) -> None:
+        self._on: dict[str, int] = {}
+
+    def may_run(self, server: str, item: WorkItem) -> bool:
+        return not item.killed or self._on.get(server, 0) == 0
+
+    def started(self, server: str, item: WorkItem) -> bool:
+        """Count it on `server` if it is a suspect; True when counted (hand that to ended:
+        a prompt can become a suspect while it runs)."""
+        if not item.killed:
+            return False
+        self._on[server] = self._on.get(server, 0) + 1
+        return True
+
+    def ended(self, server: str, counted: bool) -> None:
+        if counted:
+            self._on[server] -= 1
+
+
+async def server_died(client: httpx.AsyncClient, url: str) -> bool:
+    """Whether the server behind a broken connection is gone: its /health refuses or fails."""
+    await asyncio.sleep(SETTLE_S)
+    try:
+        resp = await client.get(f"{url}/health", timeout=HEALTH_TIMEOUT_S)
+    except httpx.TransportError:
+        return True
+    return resp.status_code != 200
+
+
+def quarantined(item: WorkItem) -> str | None:
+    """The error row's reason once the prompt has killed enough servers, else None."""
+    if len(item.killed) < KILLS_TO_QUARANTINE:
+        return None
+    return (f"killed the server twice ({', '.join(item.killed)} died while it ran, each time "
+            "the only suspect there); not sent again — check this row's input")
