@@ -53,6 +53,7 @@ class NodeWatch:
     run_id: Any
     published: int = 0
     since: float = field(default_factory=time.monotonic)
+    message: str = ""  # its state's message, for the log when it ends other than COMPLETED
 
     def stalled(self, published: int, now: float, stall_s: float) -> bool:
         if published > self.published:
@@ -78,6 +79,7 @@ def _wait_all(watches: list[NodeWatch], poll_s: float, dest: Destination, stall_
             for w in watches:
                 run = client.read_flow_run(w.run_id)
                 states[str(w.run_id)] = run.state.type.value if run.state else "PENDING"
+                w.message = (run.state.message or "") if run.state else ""
             if all(s in TERMINAL for s in states.values()):
                 return states
             now = time.monotonic()
@@ -140,8 +142,9 @@ def generate_fleet(output: str, prompts: str | None = None, nodes: int = 2,
             runs.append((node, run.id, chunk))
             logger.info("%s: %d shards (%d–%d) → flow run %s", node, len(chunk), chunk[0],
                         chunk[-1], run.id)
-        states = _wait_all([NodeWatch(node, rid) for node, rid, _ in runs], poll_s, dest,
-                           node_stall_timeout_s, logger)
+        watches = [NodeWatch(node, rid) for node, rid, _ in runs]
+        states = _wait_all(watches, poll_s, dest, node_stall_timeout_s, logger)
+        why = {w.node: f" ({w.message.splitlines()[0]})" if w.message else "" for w in watches}
         committed = {e.shard for e in merge_manifests(dest)}
         pending = [s for s in range(plan.num_shards) if s not in committed]
         lost = {node: states[str(rid)] for node, rid, _ in runs
@@ -150,7 +153,8 @@ def generate_fleet(output: str, prompts: str | None = None, nodes: int = 2,
                        "pending_after": len(pending)})
         if lost:
             logger.warning("round %d: %s; %d shards go to the other nodes", round_no,
-                           ", ".join(f"{n} {s}" for n, s in lost.items()), len(pending))
+                           ", ".join(f"{n} {s}{why[n]}" for n, s in lost.items()),
+                           len(pending))
     if pending:
         raise RuntimeError(f"{len(pending)} shards still pending after {max_rounds} rounds; "
                            "check the node runs' logs, then rerun generate-fleet to resume")
