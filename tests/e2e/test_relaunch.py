@@ -68,10 +68,7 @@ def test_a_server_that_dies_is_relaunched_alone_and_nothing_is_lost(prefect_api:
     assert summary["errors_this_run"] == 0
     # The relaunched server took work again: rows answered by server-1 after the kill.
     relaunched_log = (out / "servers" / "server-1-gpu1.relaunch.log").read_text()
-    # (a prefill line is a request it took: a job that ends right after the relaunch may
-    # leave it no time for a decode line or an answer)
-    assert any(line in relaunched_log for line in ("POST /generate", "Decode batch",
-                                                   "Prefill batch"))
+    assert "POST /generate" in relaunched_log or "Decode batch" in relaunched_log
     assert "a dead server relaunched alone" in (out / "report.md").read_text()
 
 
