@@ -33,11 +33,16 @@ def prefect(env: dict[str, str], *args: str, timeout: float = 300) -> str:
 
 
 @pytest.fixture(scope="module")
-def worker(prefect_server: dict[str, str], tmp_path_factory: pytest.TempPathFactory,
-           ) -> Iterator[dict[str, str]]:
+def worker(prefect_server: dict[str, str], s3_endpoint: str,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    # Workers of one pool must be interchangeable, as on a real cluster: this one shares
+    # "gpu-local" on the run's Prefect server with test_fleet.py's, and when it was still
+    # polling it took node runs it could not finish (no S3 credentials: node-0 FAILED twice
+    # in session 13's fresh-clone runs). So it gets the same S3 settings.
     env = {**os.environ, **prefect_server,
            "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1",
            "EXPANSION_SIM__STARTUP_S": "0.2", "EXPANSION_STOP_GRACE_S": "5",
+           "EXPANSION_STORAGE__ENDPOINT_URL": s3_endpoint,
            "EXPANSION_SAMPLING__MAX_NEW_TOKENS": "32"}
     for pool in (POOL, "control"):
         subprocess.run([PREFECT, "work-pool", "create", pool, "--type", "process"], env=env,
