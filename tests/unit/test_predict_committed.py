@@ -26,6 +26,7 @@ DATA = ROOT / "bench" / "real_sglang" / "data" / "2026-12-02-h200-s8"
 DATA_S9 = DATA.with_name("2026-12-02-h200-s9")  # the run that retracts more (session 9)
 DATA_S10 = DATA.with_name("2026-12-02-h200-s10")  # NemotronH's cap rerun, long runs (session 10)
 DATA_S13 = DATA.with_name("2026-12-02-h200-s13")  # extra_buffer that retracts (session 13)
+DATA_S14 = DATA.with_name("2026-12-02-h200-s14")  # answers up to 16k at long-mixed's best (s14)
 H200 = gpu_profile("h200")
 V0517 = parse_version("0.5.17")
 MODELS = {  # the device's model folder → the same shapes here, weights as the log gives them
@@ -43,7 +44,7 @@ def servers() -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for data, name in ((DATA, "long27b"), (DATA, "cal27b"), (DATA, "calnh4b"),
                        (DATA_S9, "long27r"), (DATA_S10, "nh4b_s10"), (DATA_S10, "nh4br_s10"),
-                       (DATA_S10, "q27cap_s10"), (DATA_S13, "q27ebr")):
+                       (DATA_S10, "q27cap_s10"), (DATA_S13, "q27ebr"), (DATA_S14, "q27lm16k")):
         for server in json.loads(gzip.decompress((data / f"{name}.results.json.gz").read_bytes())):
             if "runs" in server:
                 out[server["name"]] = server
@@ -62,7 +63,7 @@ def setup(name: str) -> tuple[ModelProfile, ServerFlags, dict[str, Any]]:
 
 GDN_FIXED = ["q27b_nb", "q27b_eb", "q27b_nb_r06", "q27b_nb_mrr32"]
 ALL = ["q27b_nb450_kv100k", "q27b_nb450_kv50k", "q27b_eb300_kv50k", *GDN_FIXED, "nh4b_nb",
-       "nh4b_nb_r03"]
+       "nh4b_nb_r03", "q27b_lm_best"]
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -187,6 +188,23 @@ def test_extra_buffer_that_retracts_is_replayed_answer_for_answer() -> None:
     assert abs(sim.answered - run["answered"]) <= 2
     assert sim.committed_tok_s == pytest.approx(run["committed_tok_s"], rel=0.05)
     assert sim.retracted == run["retracted"]
+
+
+def test_answers_up_to_16k_at_long_mixeds_best_are_replayed_within_15_percent() -> None:
+    """The configuration `bench/tuning.py --scenario long-mixed` scores best (no_buffer, mamba
+    ratio 1.8, mem fraction 0.95: cap 122, 366 slots) with that scenario's answers (lognormal,
+    mean 2,000, p99 16,000, up to 16,384), 400 rows at 122 clients, cut at 349 s: real SGLang
+    answered 393 and committed 1,729.9 tok/s, no retraction; the replay 390, 1,626.7 (−6 %) —
+    the scenario's truth holds at its own lengths, tail included (session 14)."""
+    model, flags, server = setup("q27b_lm_best")
+    run = server["runs"][0]
+    assert (run["answered"], run["retracted"], run["errors"]) == (393, 0, 0)
+    assert max(o for _, o in run["requests_list"]) == 16384
+    assert plan_memory(model, H200, flags, V0517).max_running_requests == 122
+    sim = replay_requests(model, H200, flags, V0517, [tuple(r) for r in run["requests_list"]],
+                          run["concurrency"], max_s=run["wall_s"])
+    assert abs(sim.answered - run["answered"]) <= 5 and sim.retracted == 0
+    assert sim.committed_tok_s == pytest.approx(run["committed_tok_s"], rel=0.15)
 
 
 def test_lognormal_workloads_keep_their_mean_and_p99() -> None:
