@@ -1,5 +1,6 @@
 """Export committed shards as OpenAI batch output JSONL (one line per input, keyed by custom_id;
-with n samples per prompt, the samples are that line's choices).
+with n samples per prompt, the samples are that line's choices): chat rows answer as
+`chat.completion` bodies, prompt and token-id rows (`/v1/completions`) as `text_completion`.
 
 Streams shard by shard, so the export of a 10M-row job needs one shard in memory at a time.
 """
@@ -17,29 +18,37 @@ import polars as pl
 from infra.ledger import Ledger
 
 
-def _ok_line(samples: list[dict[str, Any]], model: str, created: int) -> dict[str, Any]:
-    """One input row's answer: its n samples as the choices of one chat completion (with
-    the `id` and `created` the openai SDK's ChatCompletion requires; created = the shard's
-    commit time)."""
+def _ok_line(samples: list[dict[str, Any]], model: str, created: int,
+             chat: bool) -> dict[str, Any]:
+    """One input row's answer: its n samples as the choices of one completion (with the `id`
+    and `created` the openai SDK's models require; created = the shard's commit time)."""
     first = samples[0]
     prompt = first.get("prompt_tokens") or 0
     completion = sum(r.get("completion_tokens") or 0 for r in samples)
     usage = {"prompt_tokens": prompt, "completion_tokens": completion,
              "total_tokens": prompt + completion}
-    choices = [{"index": r.get("sample_index") or 0,
-                "message": {"role": "assistant", "content": r.get("completion"),
-                            **({"reasoning_content": r["reasoning"]} if r.get("reasoning")
-                               else {})},
-                "finish_reason": r.get("finish_reason")} for r in samples]
+    choices = [_choice(r, chat) for r in samples]
     return {
         "id": f"batch_req_{first['id']}",
         "custom_id": str(first["id"]),
         "response": {"status_code": 200, "request_id": f"req_{first['id']}", "body": {
-            "id": f"chatcmpl-{first['id']}", "created": created,
-            "object": "chat.completion", "model": first.get("model") or model,
-            "choices": choices, "usage": usage}},
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{first['id']}", "created": created,
+            "object": "chat.completion" if chat else "text_completion",
+            "model": first.get("model") or model, "choices": choices, "usage": usage}},
         "error": None,
     }
+
+
+def _choice(row: dict[str, Any], chat: bool) -> dict[str, Any]:
+    index, reason = row.get("sample_index") or 0, row.get("finish_reason")
+    if not chat:  # a server run with --skip-tokenizer-init answers ids only: they ride along
+        ids = {"output_ids": row["output_ids"]} if row.get("completion") is None and row.get(
+            "output_ids") is not None else {}
+        return {"index": index, "text": row.get("completion") or "", "logprobs": None,
+                "finish_reason": reason, **ids}
+    message = {"role": "assistant", "content": row.get("completion"),
+               **({"reasoning_content": row["reasoning"]} if row.get("reasoning") else {})}
+    return {"index": index, "message": message, "finish_reason": reason}
 
 
 def _by_id(rows: Iterator[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
@@ -61,11 +70,14 @@ def _error_line(row: dict[str, Any]) -> dict[str, Any]:
 
 def openai_batch_lines(output: Path, model: str) -> Iterator[str]:
     ledger = Ledger(output)
+    kind = ledger.load_plan().input_kind
     for entry in sorted(ledger.committed().values(), key=lambda e: e.shard):
         if entry.rows:
-            rows = pl.read_parquet(output / entry.path).iter_rows(named=True)
-            for samples in _by_id(rows):
-                yield json.dumps(_ok_line(samples, model, int(entry.committed_at)))
+            frame = pl.read_parquet(output / entry.path)
+            # plans written before input_kind was recorded: the shard's columns tell
+            chat = kind == "messages" if kind else "messages" in frame.columns
+            for samples in _by_id(frame.iter_rows(named=True)):
+                yield json.dumps(_ok_line(samples, model, int(entry.committed_at), chat))
         if entry.error_path:
             for row in pl.read_parquet(output / entry.error_path).iter_rows(named=True):
                 yield json.dumps(_error_line(row))

@@ -41,6 +41,7 @@ class ShardPlan:
     num_shards: int
     version: int = PLAN_VERSION
     id_dtype: str = "String"  # the input id's type, kept in the output (older plans: String)
+    input_kind: str = ""  # prompt | messages | input_ids: what an export answers as ("": older)
 
     @property
     def fingerprint(self) -> str:
@@ -72,7 +73,7 @@ class ManifestEntry:
 def make_plan(summary: InputSummary, shard_size: int) -> ShardPlan:
     shards = -(-summary.rows // shard_size)
     return ShardPlan(summary.path, summary.rows, summary.ids_sha256, shard_size, shards,
-                     id_dtype=summary.id_dtype)
+                     id_dtype=summary.id_dtype, input_kind=summary.kind)
 
 
 def file_sha256(path: Path) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 import polars as pl
 
-from infra.openai_batch import BatchInputError, batch_columns
+from infra.openai_batch import BatchInputError, batch_columns, raw_object_columns
 
 SAMPLING_COLUMNS = ("max_new_tokens", "temperature", "top_p", "seed")
 # Per-row request fields beyond sampling: stop strings and SGLang's constrained decoding.
@@ -69,7 +69,8 @@ def _normalize(lf: pl.LazyFrame, path: Path) -> tuple[pl.LazyFrame, str, str]:
                          ) from exc
     if "custom_id" in cols and "body" in cols:
         try:
-            return lf.select(batch_columns(lf, path)), "openai_batch", "messages"
+            exprs, kind = batch_columns(lf, path)
+            return lf.select(exprs), "openai_batch", kind
         except BatchInputError as exc:
             raise InputError(str(exc)) from exc
         except pl.exceptions.PolarsError as exc:
@@ -256,6 +257,8 @@ def _parquet_blocks(path: Path, start: int, stop: int, batch: int) -> Iterator[p
 
 
 def _jsonl_blocks(path: Path, start: int, stop: int, batch: int) -> Iterator[pl.DataFrame]:
+    """Blocks of lines, each parsed by polars; JSON schemas as JSON text (polars would give
+    one row's schema the other rows' fields as nulls: infra/openai_batch.py)."""
     import io
 
     index = 0
@@ -267,7 +270,7 @@ def _jsonl_blocks(path: Path, start: int, stop: int, batch: int) -> Iterator[pl.
             if index >= stop:
                 break
             if index >= start:
-                block.append(line)
+                block.append(raw_object_columns(line))
                 if len(block) >= batch:
                     yield pl.read_ndjson(io.BytesIO(b"".join(block)), infer_schema_length=None)
                     block = []

@@ -100,6 +100,7 @@ class Dispatcher:
         self._retired: set[str] = set()
         self._generation: dict[str, int] = {e.name: 0 for e in endpoints}
         self._in_flight_by: dict[str, int] = {}
+        self._posting: dict[str, set[asyncio.Future[dict[str, Any]]]] = {}  # requests in flight
         self._suspects = SuspectLane()  # prompts that were on a server when it died
         self._workers: list[asyncio.Task[None]] = []
         self._stack: contextlib.AsyncExitStack | None = None
@@ -205,6 +206,20 @@ class Dispatcher:
     def in_flight_on(self, name: str) -> int:
         return self._in_flight_by.get(name, 0)
 
+    def hand_back(self, name: str) -> int:
+        """Cancel the requests a retired server still runs; each goes back to the queue for
+        another server now, not when this one stops. Their connections close and SGLang
+        aborts them (as the simulator does): a stopping 0.5.17 server otherwise generates
+        every in-flight answer to its end, nobody reading it, until the stop's grace runs
+        out — 30 s of each canary and rollout restart with long answers. Only the HTTP wait
+        is cancelled, never a commit. Returns how many."""
+        if name not in self._retired:
+            return 0
+        posting = list(self._posting.get(name, ()))
+        for post in posting:
+            post.cancel()
+        return len(posting)
+
     async def _drain(self, timeout_s: float = 60.0) -> None:
         """Stop taking work; give in-flight requests a bounded time to finish — but only while
         some open shard can still complete (none of its prompts left in the queue): answers
@@ -276,8 +291,19 @@ class Dispatcher:
             return
         path, body = build_request(item.row, self.opts, item.sample)
         started = time.monotonic()
+        post = asyncio.ensure_future(self._post(ep, client, path, body))
+        posting = self._posting.setdefault(ep.name, set())
+        posting.add(post)
+        post.add_done_callback(posting.discard)
         try:
-            answer = await self._post(ep, client, path, body)
+            answer = await post
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the run is stopping, not a hand-back
+            self.stats.handed_back += 1
+            self._put(item)  # handed back (hand_back): another server answers it
+            return
         except PermanentFailure as exc:
             self._queue.done(item)
             await self._record_error(item, str(exc))
@@ -286,7 +312,8 @@ class Dispatcher:
             item.attempts += 1
             item.last_error = str(exc)
             self.stats.retries += 1
-            if exc.lost and await server_died(client, ep.url):
+            # a server stopped on purpose (retired) killed nothing
+            if exc.lost and ep.name not in self._retired and await server_died(client, ep.url):
                 item.killed.append(ep.name)
                 reason = quarantined(item)
                 if reason is not None:

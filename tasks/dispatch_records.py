@@ -63,6 +63,7 @@ class DispatchStats:
     output_tokens: int = 0
     retries: int = 0
     primers: int = 0  # groups whose shared prefix went first (tasks/affinity.py)
+    handed_back: int = 0  # requests a retired server still ran, re-queued (Dispatcher.hand_back)
     started: float = field(default_factory=time.monotonic)
 
     @property

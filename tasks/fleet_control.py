@@ -11,10 +11,18 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tasks.dispatch import Dispatcher, Endpoint
+
+
+HAND_BACK_WAIT_S = 5.0  # a cancelled request leaves the dispatcher's books at its next await
+
+
+async def _call(fn: Callable[[str], int], name: str) -> int:
+    return fn(name)
 
 
 class DispatchEnded(RuntimeError):
@@ -56,15 +64,23 @@ class FleetControl:
         loop.call_soon_threadsafe(d.retire, name)
 
     def wait_drained(self, name: str, timeout_s: float) -> int:
-        """Wait until `name` has nothing in flight (or the timeout); returns what is left —
-        those requests fail over to the other servers when this one stops."""
+        """Wait until `name` has nothing in flight (or the timeout), then hand what is left
+        to the other servers (Dispatcher.hand_back) and wait for the hand-back; returns how
+        many requests were handed back."""
         deadline = time.monotonic() + timeout_s
         while True:
-            d, _ = self._bound()
+            d, loop = self._bound()
             left = d.in_flight_on(name)
-            if left == 0 or time.monotonic() >= deadline:
-                return left
+            if left == 0:
+                return 0
+            if time.monotonic() >= deadline:
+                break
             time.sleep(0.05)
+        asyncio.run_coroutine_threadsafe(_call(d.hand_back, name), loop).result(10.0)
+        settled = time.monotonic() + HAND_BACK_WAIT_S
+        while d.in_flight_on(name) and time.monotonic() < settled:
+            time.sleep(0.02)
+        return left
 
     def join(self, endpoint: Endpoint, timeout_s: float = 30.0) -> None:
         d, loop = self._bound()

@@ -87,10 +87,7 @@ def test_pending_shards_stream_in_order_skipping_committed(tmp_path: Path) -> No
     assert got == [(0, ["p0", "p1", "p2"]), (2, ["p6"])]
 
 
-def test_openai_batch_export_has_one_line_per_input(tmp_path: Path) -> None:
-    from infra.export import export_openai_batch
-
-    prompts = write_prompts(tmp_path / "a.jsonl", 4)
+def _committed_job(tmp_path: Path, prompts: Path) -> Path:
     state = prepare_job(prompts, tmp_path / "out", 2)
     ledger = Ledger(tmp_path / "out")
     ledger.commit_shard(state.plan, 0, [{"id": "p0", "completion": "a", "finish_reason": "stop",
@@ -100,10 +97,22 @@ def test_openai_batch_export_has_one_line_per_input(tmp_path: Path) -> None:
     ledger.commit_shard(state.plan, 1, [{"id": "p2", "completion": "c", "finish_reason": "stop",
                                          "prompt_tokens": 2, "completion_tokens": 1}],
                         [{"id": "p3", "error": "HTTP 400: too long", "attempts": 1}])
-    target = tmp_path / "batch_output.jsonl"
-    assert export_openai_batch(tmp_path / "out", target, "m") == 4
-    lines = [json.loads(line) for line in target.read_text().splitlines()]
-    by_id = {line["custom_id"]: line for line in lines}
+    return tmp_path / "out"
+
+
+def _exported(output: Path, target: Path) -> dict[str, dict]:
+    from infra.export import export_openai_batch
+
+    assert export_openai_batch(output, target, "m") == 4
+    assert [p.name for p in target.parent.iterdir() if p.name.endswith(".tmp")] == []
+    return {line["custom_id"]: line for line in map(json.loads, target.read_text().splitlines())}
+
+
+def test_openai_batch_export_of_chat_rows_reads_as_chat_completions(tmp_path: Path) -> None:
+    prompts = tmp_path / "a.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "messages": [
+        {"role": "user", "content": f"q {i}"}]}) + "\n" for i in range(4)))
+    by_id = _exported(_committed_job(tmp_path, prompts), tmp_path / "batch_output.jsonl")
     assert set(by_id) == {"p0", "p1", "p2", "p3"}
     ok = by_id["p1"]["response"]["body"]
     assert ok["choices"][0]["message"]["content"] == "b"
@@ -114,7 +123,23 @@ def test_openai_batch_export_has_one_line_per_input(tmp_path: Path) -> None:
 
     parsed = ChatCompletion.model_validate(ok)
     assert parsed.id == "chatcmpl-p1" and parsed.created > 1_700_000_000
-    assert [p.name for p in target.parent.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_openai_batch_export_of_prompt_rows_reads_as_text_completions(tmp_path: Path) -> None:
+    """Prompt rows (the pipeline's own, or /v1/completions batch rows) are sent as raw text,
+    no chat template: they answer as `text_completion`, which the SDK reads as a Completion."""
+    prompts = tmp_path / "a.jsonl"
+    prompts.write_text("".join(json.dumps({
+        "custom_id": f"p{i}", "method": "POST", "url": "/v1/completions",
+        "body": {"model": "m", "prompt": f"q {i}", "max_tokens": 5}}) + "\n" for i in range(4)))
+    by_id = _exported(_committed_job(tmp_path, prompts), tmp_path / "batch_output.jsonl")
+    ok = by_id["p1"]["response"]["body"]
+    from openai.types import Completion
+
+    parsed = Completion.model_validate(ok)
+    assert parsed.object == "text_completion" and parsed.choices[0].text == "b"
+    assert parsed.choices[0].finish_reason == "length" and parsed.id == "cmpl-p1"
+    assert by_id["p3"]["error"]["message"] == "HTTP 400: too long"
 
 
 def test_export_refuses_a_folder_or_a_missing_parent_before_reading(tmp_path: Path) -> None:

@@ -47,6 +47,54 @@ def batch(custom_id: str, url: str = "/v1/chat/completions", **body: object) -> 
             "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}], **body}}
 
 
+def completion(custom_id: str, prompt: object, **body: object) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/completions",
+            "body": {"model": "m", "prompt": prompt, **body}}
+
+
+OBJECT_SCHEMA = {"type": "object", "properties": {"x": {"type": "integer"}}}
+ARRAY_SCHEMA = {"type": "array", "items": {"type": "string"}, "minItems": 2}
+
+
+def test_openai_batch_response_format_reaches_sglang_as_each_row_gave_it(tmp_path: Path) -> None:
+    """polars reads nested objects as one struct for the file: row 0's schema came back with
+    row 1's `items` and `minItems` as nulls. The rows sent keep each schema as written."""
+    path = jsonl(tmp_path, [
+        batch("r0", response_format={"type": "json_schema",
+                                     "json_schema": {"name": "o", "schema": OBJECT_SCHEMA}}),
+        batch("r1", response_format={"type": "json_schema",
+                                     "json_schema": {"name": "a", "schema": ARRAY_SCHEMA,
+                                                     "strict": True}}),
+        batch("r2", response_format={"type": "json_object"}),
+        batch("r3", response_format={"type": "text"}),
+        batch("r4")])
+    assert validate_input(path).kind == "messages"
+    schemas = [r["json_schema"] for r in iter_rows(path, 0, 5)]
+    assert [json.loads(x) if x else x for x in schemas] == [
+        OBJECT_SCHEMA, ARRAY_SCHEMA, {"type": "object"}, None, None]
+
+
+def test_own_jsonl_json_schema_objects_are_kept_per_row(tmp_path: Path) -> None:
+    path = jsonl(tmp_path, [{"id": 1, "prompt": "a", "json_schema": OBJECT_SCHEMA},
+                            {"id": 2, "prompt": "b", "json_schema": ARRAY_SCHEMA}])
+    validate_input(path)
+    assert [json.loads(r["json_schema"]) for r in iter_rows(path, 0, 2)] == [OBJECT_SCHEMA,
+                                                                            ARRAY_SCHEMA]
+
+
+def test_openai_batch_completions_rows_are_text_or_token_ids(tmp_path: Path) -> None:
+    path = jsonl(tmp_path, [completion("c0", "Once upon", max_tokens=9, stop="\n"),
+                            completion("c1", "a time", temperature=0.5)])
+    summary = validate_input(path)
+    assert (summary.format, summary.kind) == ("openai_batch", "prompt")
+    rows = list(iter_rows(path, 0, 2))
+    assert rows[0] == {"id": "c0", "prompt": "Once upon", "max_new_tokens": 9,
+                       "temperature": None, "stop": "\n"}
+    ids = jsonl(tmp_path, [completion("t0", [1, 2, 3])], "ids.jsonl")
+    assert validate_input(ids).kind == "input_ids"
+    assert next(iter_rows(ids, 0, 1))["input_ids"] == [1, 2, 3]
+
+
 def test_openai_batch_stop_and_n_of_one_are_read(tmp_path: Path) -> None:
     path = jsonl(tmp_path, [batch("r0", stop=["\n\n", "END"], n=1, max_completion_tokens=7)])
     validate_input(path)
@@ -94,9 +142,18 @@ def test_openai_batch_jsonl(tmp_path: Path) -> None:
     # OpenAI batch fields this pipeline would not honour are named, not dropped
     ([batch("r1", url="/v1/embeddings")], "`url` /v1/embeddings: only /v1/chat/completions"),
     ([batch("r1", n=1), batch("r2", n=2)], "body.n is 2"),
-    ([batch("r1", response_format={"type": "json_object"})],
-     "body.response_format is not supported here; give the schema as a `json_schema` column"),
-    ([batch("r1", logprobs=True)], "body.logprobs is not supported here; remove it"),
+    ([batch("r1", response_format={"type": "structural_tag", "structures": []})],
+     "body.response_format type 'structural_tag' is not supported here"),
+    ([batch("r1", response_format={"type": "json_schema", "json_schema": {"name": "x"}})],
+     "(id 'r1'): body.response_format of type json_schema needs json_schema.schema"),
+    ([batch("r1", response_format={"type": "text"}), batch("r2", response_format={"x": 1})],
+     "(id 'r2'): body.response_format has no `type`"),
+    ([batch("r1", logprobs=True)], "body.logprobs is not supported here; this pipeline does "
+                                   "not collect log-probabilities"),
+    ([batch("r1"), completion("r2", "hello")],
+     "rows for both /v1/chat/completions and /v1/completions; one kind of text per file"),
+    ([completion("r1", ["a", "b"])], "body.prompt is List(String); give each row one prompt"),
+    ([completion("r1", "a", echo=True)], "body.echo is not supported here"),
 ])
 def test_bad_rows_are_named(tmp_path: Path, rows: list[dict], needle: str) -> None:
     with pytest.raises(InputError) as info:
