@@ -24,7 +24,11 @@ def run(
                                                  "(or messages). Default: bundled sample.")] = None,
     output: Annotated[str | None, typer.Option(help="Output folder (resumes if it exists).")]
     = None,
-    engine: Annotated[str | None, typer.Option(help="sim (simulated fleet) or sglang.")] = None,
+    engine: Annotated[str | None, typer.Option(
+        help="sim (simulated fleet), sglang, or external (servers at --server-urls).")] = None,
+    server_urls: Annotated[str | None, typer.Option(
+        "--server-urls", help="engine=external: the servers' URLs, comma-separated "
+        "(http://host:port,...); they are never stopped or restarted.")] = None,
     gpus: Annotated[str | None, typer.Option(help="GPU indices, one server each: 0,1,...")]
     = None,
     model: Annotated[str | None, typer.Option(help="Model path or HF id.")] = None,
@@ -68,6 +72,7 @@ def run(
         "sampling.max_new_tokens": max_new_tokens,
         "upload_to": upload_to,
         "sim.time_scale": time_scale,
+        "server_urls": server_urls,
         "prompts": str(prompts) if prompts else None, "output": output, "engine": engine,
         "gpus": parse_gpus(gpus), "model": model,
     }
@@ -235,6 +240,10 @@ def _print_launch_commands(settings: Any) -> None:
     from tasks.engines import LaunchError
     from tasks.servers import build_launch_specs
 
+    if settings.engine == "external":
+        print(f"# engine=external: no server is started; the job uses {len(settings.server_urls)}"
+              f" running server(s): {', '.join(settings.server_urls)}")
+        return
     try:
         specs = build_launch_specs(settings, settings.local_output())
     except (ValueError, LaunchError) as exc:

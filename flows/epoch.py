@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flows.advice import advice_handler
 from flows.job import Hardware, Progress, RunTotals, capacity_artifact, hardware_of
 from flows.repair import asymmetry_handler, relaunch_handler
 from flows.rollout import LiveConfig, canary_handler
@@ -117,10 +118,15 @@ def _serve(live: LiveConfig, state: JobState, ctx: JobContext, tuner: TunerState
         ctx.logger.info(note)
     ctx.monitor.watch({f"server-{c.index}": c.url for c in caps}, epoch)
     watch = _watch(live, hw, plan, caps, ctx, tuner, state, startup_s)
-    watch.on_proposal = canary_handler(live, fleet, ctx, tuner, hw, epoch, fleet.abort,
-                                       lambda: watch)
-    watch.on_asymmetric = asymmetry_handler(live, fleet, ctx, tuner, hw, epoch, lambda: watch)
-    watch.on_dead = relaunch_handler(live, fleet, ctx, tuner, hw, epoch, lambda: watch)
+    if engine_for(settings).owns_servers:
+        watch.on_proposal = canary_handler(live, fleet, ctx, tuner, hw, epoch, fleet.abort,
+                                           lambda: watch)
+        watch.on_asymmetric = asymmetry_handler(live, fleet, ctx, tuner, hw, epoch,
+                                                lambda: watch)
+        watch.on_dead = relaunch_handler(live, fleet, ctx, tuner, hw, epoch, lambda: watch)
+    else:  # someone else's servers: advice instead of restarts, never a fleet restart
+        watch.on_proposal = advice_handler(live, ctx, lambda: watch)
+        watch.advise_only = True
     watch.start()
     began = time.monotonic()
     try:
@@ -138,7 +144,7 @@ def _serve(live: LiveConfig, state: JobState, ctx: JobContext, tuner: TunerState
 
 def _stop(settings: JobSettings, ctx: JobContext, handles: list[ServerHandle],
           uploader: ShardUploader | None) -> None:
-    if handles:
+    if handles and engine_for(settings).owns_servers:
         report = stop_servers(handles, str(ctx.out), settings.stop_grace_s, settings.api_key,
                               engine_for(settings).checks_gpu_memory_after_stop)
         ctx.logger.info("stopped %d servers (SIGKILLed: %s, ports still busy: %s)",

@@ -129,7 +129,8 @@ def summarize(settings: JobSettings, state: JobState, totals: RunTotals,
                                                       exclude={"extra_args"}),
         prompt_tokens=totals.prompt_tokens, cached_tokens=totals.cached_tokens,
         prefix_affinity_chars=settings.client.prefix_affinity_chars,
-        client_concurrency=settings.client.concurrency_per_server, primers=totals.primers)
+        client_concurrency=settings.client.concurrency_per_server, primers=totals.primers,
+        advice=totals.advice)
 
 
 @flow(name="generate", on_cancellation=[_stop_fleet_hook],  # type: ignore[list-item]

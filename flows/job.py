@@ -85,6 +85,7 @@ class RunTotals:
     capacities: list[Capacity] = field(default_factory=list)
     caps_by_epoch: dict[int, dict[str, int]] = field(default_factory=dict)  # for the report
     cycles: list[Cycle] = field(default_factory=list)
+    advice: list[dict[str, Any]] = field(default_factory=list)  # engine=external: flows/advice.py
     input_lengths: InputLengths | None = None  # what the rows fix (infra/input_lengths.py)
 
     def prefix_reuse(self) -> PrefixReuse | None:

@@ -49,6 +49,7 @@ class RunSummary(BaseModel):
     primers: int = 0  # groups whose shared prefix went first to a no_buffer server
     startup_s: float = 0.0  # wall seconds the fleets took to come up (all epochs)
     generating_s: float = 0.0  # wall seconds spent generating (all epochs)
+    advice: list[dict[str, Any]] = []  # engine=external: the moves not made (flows/advice.py)
 
 
 def summary_lines(summary: RunSummary | dict[str, Any]) -> list[str]:
@@ -80,6 +81,10 @@ def summary_lines(summary: RunSummary | dict[str, Any]) -> list[str]:
     if s.prompt_tokens:
         lines.append(prefix_line(s))
     lines.append(f"tuning cycles: {s.restarts}" + "".join(f"; {cycle_line(c)}" for c in s.cycles))
+    for advice in s.advice:
+        lines.append(f"advice: {advice['diagnosis']} → relaunch the servers with "
+                     f"{advice['launch_flags']} (predicted {advice['predicted_gain'] or 0:.2f}×;"
+                     " engine=external: this job does not restart them)")
     lines.append(f"output folder: {s.output}")
     return lines
 

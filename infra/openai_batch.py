@@ -165,7 +165,7 @@ def _response_format(lf: pl.LazyFrame, path: Path, dtype: pl.DataType) -> list[p
     return []
 
 
-def _field_dtype(dtype: pl.Struct, name: str) -> pl.DataType | None:
+def _field_dtype(dtype: pl.Struct, name: str) -> Any:
     return next((f.dtype for f in dtype.fields if f.name == name), None)
 
 

@@ -162,7 +162,12 @@ class JobSettings(BaseSettings):
                         description="output folder, or s3://bucket/prefix (staged locally)")
     upload_to: str | None = Field(None, description="also copy committed shards here "
                                   "(s3://bucket/prefix or a folder)")
-    engine: Literal["sim", "sglang"] = "sim"
+    engine: Literal["sim", "sglang", "external"] = Field(
+        "sim", description="sim (simulated fleet), sglang (servers this job starts), or "
+        "external (servers someone else runs, at server_urls: never stopped or restarted)")
+    server_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="engine=external: the servers' base URLs, "
+        "comma-separated (http://host:port); describe their flags under [server]")
     gpus: Annotated[list[int], NoDecode] = Field(default_factory=lambda: [0, 1], min_length=1,
                             description="GPU indices, one server per GPU")
     servers_per_gpu: int = Field(
@@ -202,6 +207,33 @@ class JobSettings(BaseSettings):
         if isinstance(value, int):
             return [value]
         return value
+
+    @field_validator("server_urls", mode="before")
+    @classmethod
+    def _split_urls(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    @field_validator("server_urls")
+    @classmethod
+    def _check_urls(cls, value: list[str]) -> list[str]:
+        bad = [u for u in value if not u.startswith(("http://", "https://"))]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not a URL; give http://host:port")
+        if len(set(value)) != len(value):
+            raise ValueError("a server is listed twice")
+        return [u.rstrip("/") for u in value]
+
+    @model_validator(mode="after")
+    def _urls_with_external(self) -> JobSettings:
+        if self.engine == "external" and not self.server_urls:
+            raise ValueError("server_urls: engine=external needs the servers' URLs, e.g. "
+                             "--server-urls http://node1:30000,http://node2:30000")
+        if self.engine != "external" and self.server_urls:
+            raise ValueError("server_urls: only for engine=external (this job starts its "
+                             "own servers); remove it or set engine=external")
+        return self
 
     @field_validator("gpus")
     @classmethod

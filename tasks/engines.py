@@ -1,4 +1,5 @@
-"""The two engines a fleet runs on, as adapters: real SGLang and the simulated server.
+"""The engines a fleet runs on, as adapters: real SGLang, the simulated server, and servers
+someone else runs (`external`: a Kubernetes deployment, a Slurm job, a router's backends).
 
 Everything that differs between them lives here — which program to start, its environment,
 which SGLang version its flags must follow, which GPU profile and clock the tuner reasons in,
@@ -31,6 +32,7 @@ class Engine(ABC):
     name = ""
     module = ""  # what `python -m` starts
     checks_gpu_memory_after_stop = False  # nvidia-smi must show the memory freed
+    owns_servers = True  # False: the job never starts, stops or restarts a server
 
     def program(self, settings: JobSettings) -> list[str]:
         """The argv before SGLang's flags: the GPU nodes' Python (`python`), else ours."""
@@ -139,6 +141,40 @@ class SimulatedSGLang(Engine):
         gpu_profile(settings.sim.gpu)
 
 
+class ExternalServers(Engine):
+    """Servers started by someone else, at `server_urls`. The job measures each one's
+    capacity, monitors and diagnoses them, and writes exactly-once output as usual; it never
+    stops or restarts them, so the tuner advises (the flags to relaunch with and the gain
+    predicted, in the summary and a `tuning-advice` artifact) instead of acting. The flags
+    the advice starts from are the job's `[server]` section: say there what they run with."""
+
+    name = "external"
+    owns_servers = False
+
+    def program(self, settings: JobSettings) -> list[str]:
+        raise LaunchError("engine=external: this job starts no server")
+
+    def version(self, settings: JobSettings) -> SGLangVersion:
+        return parse_version(settings.sglang_version or DEFAULT_VERSION)
+
+    def check_before_start(self, settings: JobSettings) -> None:
+        """Every server answers /health before anything starts (a typo in a URL was found
+        only when the dispatcher gave up on it)."""
+        import httpx
+
+        headers = ({"Authorization": f"Bearer {settings.api_key.get_secret_value()}"}
+                   if settings.api_key else {})
+        for url in settings.server_urls:
+            try:
+                status = httpx.get(f"{url}/health", timeout=5.0, headers=headers).status_code
+            except httpx.HTTPError as exc:
+                raise ValueError(f"server_urls: {url} does not answer ({type(exc).__name__}); "
+                                 "start it or fix the URL") from None
+            if status != 200:
+                raise ValueError(f"server_urls: {url}/health answered {status}; wait until it "
+                                 "is up (or give api_key if it needs one)")
+
+
 # Hybrids whose first layer is a state layer: 0.5.17's triton attention backend cannot start
 # them (it refuses NemotronH and LFM2; Granite-4.0-H died with "layer_id=0 not in full attention
 # layers" on the H200, docs/REAL_SGLANG.md session 9).
@@ -161,7 +197,8 @@ def check_attention_backend(settings: JobSettings) -> None:
             "is a state layer: SGLang 0.5.17 refuses or fails to start it); use flashinfer")
 
 
-ENGINES: dict[str, Engine] = {e.name: e for e in (RealSGLang(), SimulatedSGLang())}
+ENGINES: dict[str, Engine] = {e.name: e for e in (RealSGLang(), SimulatedSGLang(),
+                                                  ExternalServers())}
 
 
 def engine_for(settings: JobSettings) -> Engine:

@@ -55,7 +55,8 @@ def wait_until_healthy(handles: list[ServerHandle], api_key: str | None,
     pending = list(handles)
     while pending:
         for handle in list(pending):
-            if not is_ours_and_alive(handle.record):
+            # (pid 0: a server someone else runs, engine=external — only its /health counts)
+            if handle.record.pid and not is_ours_and_alive(handle.record):
                 tail = log_tail(handle.log_path)
                 raise ServerStartFailed(
                     f"server {handle.index} (GPU {handle.gpu}, {handle.url}) exited during "

@@ -65,8 +65,11 @@ def model_is_hybrid(settings: JobSettings) -> bool:
 def build_launch_specs(settings: JobSettings, output: Path, epoch: int = 1) -> list[LaunchSpec]:
     """One LaunchSpec per GPU: argv, env (CUDA_VISIBLE_DEVICES, sim knobs), port, log file.
 
-    Each fleet configuration (epoch) of a job logs to its own files."""
+    Each fleet configuration (epoch) of a job logs to its own files. None for servers the
+    job does not start (engine=external)."""
     engine = engine_for(settings)
+    if not engine.owns_servers:
+        return []
     version = engine.version(settings)
     hybrid = model_is_hybrid(settings)
     api_key = settings.api_key.get_secret_value() if settings.api_key else None
@@ -180,10 +183,26 @@ def redact_logs(paths: list[Path], secrets: tuple[str, ...]) -> None:
 
 @task(name="launch_servers", cache_policy=NO_CACHE, retries=0)
 def launch_servers(settings: JobSettings, output: str, epoch: int = 1) -> list[ServerHandle]:
+    if not engine_for(settings).owns_servers:
+        return external_handles(settings)
     out = Path(output)
     specs = build_launch_specs(settings, out, epoch)
     return launch_fleet(specs, registry_for(out), settings.server.fingerprint(),
                         settings.stop_grace_s)
+
+
+def external_handles(settings: JobSettings) -> list[ServerHandle]:
+    """Handles on servers someone else runs: no process of ours (pid 0), no log of ours;
+    nothing in this job stops them (stop_servers is not called for them)."""
+    from urllib.parse import urlsplit
+
+    handles = []
+    for index, url in enumerate(settings.server_urls):
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        record = ProcessRecord(0, 0, port, parts.hostname or "", "", [])
+        handles.append(ServerHandle(index, -1, url, "", record, settings.server.fingerprint()))
+    return handles
 
 
 @task(name="stop_servers", cache_policy=NO_CACHE, retries=0)

@@ -70,6 +70,9 @@ class RegressionWatch:
         # () -> True when servers whose process was gone were started again (flows/repair.py:
         # relaunch_handler); looked at on every check, with tuning on or off.
         self.on_dead: Callable[[], bool] | None = None
+        # Servers the job does not own (engine=external): a reason is reported, never acted
+        # on — the epoch is not stopped for a fleet restart nobody can carry out.
+        self.advise_only = False
         # diagnosis -> wall seconds the fleet needs for the work left (a rollout's payback)
         self.work_left_s: Callable[[Diagnosis], float] | None = None
         self._slow_streak: dict[str, int] = {}  # checks in a row a server was the slow one
@@ -153,6 +156,9 @@ class RegressionWatch:
                 # The cycle ran while the fleet generated; look again a window later.
                 first_check = self.monitor.now() + 1.5 * self.window_s
                 self.result.last_check = f"after a canary cycle on {diag.kind}: no check yet"
+                continue
+            if reason and self.advise_only:
+                self.result.last_check = f"{reason} (engine=external: not acted on)"
                 continue
             if reason:
                 self.result.triggered = True

@@ -60,6 +60,17 @@ CASES: list[tuple[str, str | bytes | None, list[str], str]] = [
     ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]),
      ["--engine", "sglang", "--set", "sglang_version=0.5.17", "--set", "python=/no/python"],
      "python: SGLang is not installed for /no/python; install 'expansion[sglang]'"),
+    # servers someone else runs (engine=external): named, and asked before anything starts
+    ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]), ["--engine", "external"],
+     "server_urls: engine=external needs the servers' URLs"),
+    ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]),
+     ["--engine", "external", "--server-urls", "node1:30000"],
+     "'node1:30000' is not a URL; give http://host:port"),
+    ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]),
+     ["--engine", "external", "--server-urls", "http://127.0.0.1:9"],
+     "server_urls: http://127.0.0.1:9 does not answer (ConnectError); start it or fix the URL"),
+    ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]), ["--server-urls", "http://127.0.0.1:9"],
+     "server_urls: only for engine=external"),
 ]
 
 

@@ -70,7 +70,7 @@ def test_openai_batch_response_format_reaches_sglang_as_each_row_gave_it(tmp_pat
         batch("r4")])
     assert validate_input(path).kind == "messages"
     schemas = [r["json_schema"] for r in iter_rows(path, 0, 5)]
-    assert [json.loads(x) if x else x for x in schemas] == [
+    assert [json.loads(str(x)) if x else x for x in schemas] == [
         OBJECT_SCHEMA, ARRAY_SCHEMA, {"type": "object"}, None, None]
 
 
@@ -78,7 +78,7 @@ def test_own_jsonl_json_schema_objects_are_kept_per_row(tmp_path: Path) -> None:
     path = jsonl(tmp_path, [{"id": 1, "prompt": "a", "json_schema": OBJECT_SCHEMA},
                             {"id": 2, "prompt": "b", "json_schema": ARRAY_SCHEMA}])
     validate_input(path)
-    assert [json.loads(r["json_schema"]) for r in iter_rows(path, 0, 2)] == [OBJECT_SCHEMA,
+    assert [json.loads(str(r["json_schema"])) for r in iter_rows(path, 0, 2)] == [OBJECT_SCHEMA,
                                                                             ARRAY_SCHEMA]
 
 
