@@ -27,6 +27,7 @@ from infra.sim.predict import Workload
 from tasks.capacity import Capacity
 from tasks.engines import engine_for
 from tasks.shards import JobState
+from tasks.tuning.answer_lengths import AnswerLengths
 from tasks.tuning.policy import PrefixReuse
 from tasks.upload import ShardUploader
 
@@ -87,6 +88,7 @@ class RunTotals:
     cycles: list[Cycle] = field(default_factory=list)
     advice: list[dict[str, Any]] = field(default_factory=list)  # engine=external: flows/advice.py
     input_lengths: InputLengths | None = None  # what the rows fix (infra/input_lengths.py)
+    answer_lengths: AnswerLengths = field(default_factory=AnswerLengths)  # committed, sampled
 
     def prefix_reuse(self) -> PrefixReuse | None:
         return PrefixReuse.measured(self.prompt_tokens, self.cached_tokens, self.tokens,
@@ -99,7 +101,8 @@ class RunTotals:
         rows fix them (ignore_eos: mean and p99 of their max_new_tokens), else the servers'
         tokens generated per request finished (`generated_per_finished`: the committed mean
         reads short while long answers run), else as committed so far. With either unknown
-        (text rows before the first commit), the decode rate. No answer is longer than
+        (text rows before the first commit), the decode rate. Text rows' p99: the committed
+        answers' (tasks/tuning/answer_lengths.py). No answer is longer than
         `max_new_tokens` (the job's, unless rows set their own): early in a job, with few
         requests finished and many long ones in flight, tokens per finished request can read
         past it (the canary scenarios' early overestimate, #26)."""
@@ -115,7 +118,10 @@ class RunTotals:
             longest = float(max_new_tokens) if max_new_tokens and not own else float("inf")
             output = max(1, round(min(longest, max(committed_mean,
                                                    generated_per_finished or 0.0))))
-            p99 = None
+            tail = self.answer_lengths.p99(output)
+            if tail is None:  # too few answers to see their spread: no move scored yet
+                return Demand(avg_context)
+            p99 = round(min(longest, tail))
         else:
             return Demand(avg_context)
         if prompt is None:
@@ -206,7 +212,8 @@ class Progress:
         assert isinstance(artifact, UUID)  # sync context: not a coroutine
         self.artifact_id = artifact
 
-    def __call__(self, entry: ManifestEntry) -> None:
+    def __call__(self, entry: ManifestEntry, lengths: list[int]) -> None:
+        self.totals.answer_lengths.add(lengths)
         if self.uploader is not None:
             self.uploader.submit(entry)
         self.done += 1

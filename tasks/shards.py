@@ -73,7 +73,8 @@ def iter_pending_shards(plan: ShardPlan, pending: list[int],
         yield shard, current
 
 
-OnCommit = Callable[[ManifestEntry], None]
+# (the shard's entry, and its answers' lengths: tasks/tuning/answer_lengths.py)
+OnCommit = Callable[[ManifestEntry, list[int]], None]
 
 
 def endpoint_of(settings: JobSettings, cap: Capacity) -> Endpoint:
@@ -138,7 +139,8 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
         if on_commit is not None:
             # Off the loop: Prefect's artifact calls turn into coroutines (never awaited, so
             # the progress bar never moved) when called from inside a running event loop.
-            await asyncio.to_thread(on_commit, entry)
+            lengths = [int(r.get("completion_tokens") or 0) for r in rows]
+            await asyncio.to_thread(on_commit, entry, lengths)
 
     async def main() -> DispatchStats:
         stop_event = asyncio.Event()

@@ -7,7 +7,7 @@ the roofline, so they compare on predicted max_running_requests and tok/s per GP
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from infra.sglang.flags import ServerFlags, scaled_ratio
 from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
@@ -53,11 +53,21 @@ class Demand:
             return predict_tok_s(model, gpu, flags, plan, self.avg_context)
         return committed_tok_s(model, gpu, flags, version, self.workload) / flags.tp_size
 
+    def without_tail(self) -> Demand:
+        """The same workload with every output at its mean: ~10× cheaper to replay (no long
+        answers to run out), for screening candidates before the full figure ranks the few
+        best (tasks/tuning/policy.py)."""
+        if self.workload is None or self.workload.output_p99 is None:
+            return self
+        return replace(self, workload=replace(self.workload, output_p99=None))
+
     def describe(self) -> str:
         if self.workload is None:
             return f"decode rate at {self.avg_context:,.0f} tokens of context"
         w = self.workload
-        return f"committed rate for {w.prompt_tokens:,}-token prompts, {w.output_tokens:,} out"
+        tail = f" (p99 {w.output_p99:,})" if w.output_p99 else ""
+        return (f"committed rate for {w.prompt_tokens:,}-token prompts, {w.output_tokens:,} "
+                f"out{tail}")
 
 
 def evaluate(label: str, model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
@@ -107,6 +117,12 @@ def candidate_flags(model: ModelProfile, flags: ServerFlags, current: MemoryPlan
         out.append(("MTP on (EAGLE 3/1)", flags.with_changes(
             speculative_algorithm="EAGLE", speculative_num_steps=3, speculative_eagle_topk=1,
             mamba_strategy="extra_buffer" if model.hybrid else flags.mamba_strategy)))
+        if model.hybrid and flags.mamba_strategy == "no_buffer":
+            # builds after 2026-06-18 (0.5.17) take MTP with no_buffer and the radix cache;
+            # the policy drops it where the version refuses (launch.check_flags)
+            out.append(("MTP on (EAGLE 3/1), no_buffer kept", flags.with_changes(
+                speculative_algorithm="EAGLE", speculative_num_steps=3,
+                speculative_eagle_topk=1)))
     if current is not None and current.binding_limit == "requested":
         room = min(c for c in (current.mamba_cap, current.token_cap) if c is not None)
         out.append((f"max_running_requests {flags.max_running_requests}→{room} (what the "

@@ -58,6 +58,18 @@ class Workload:
             raise ValueError(f"workload: output p99 ({self.output_p99}) must exceed the mean "
                              f"({self.output_tokens}); leave it out for fixed lengths")
 
+    def kv_per_request(self) -> int:
+        """KV tokens a running request holds, to size a cap its pool can carry: prompt +
+        output for alike answers (as before); with a tail, the running set is the long
+        answers — a request seen running is one of them in proportion to its length, half
+        way through on average: E[L²] / 2E[L] = mean × exp(σ²) / 2 (a lognormal's). Mean
+        2,000, p99 16,000: 4,300 tokens of output where the mean said 2,000."""
+        output = float(self.output_tokens)
+        if self.output_p99 is not None and self.output_p99 > self.output_tokens:
+            _, sigma = lognormal_params(self.output_tokens, self.output_p99)
+            output = max(output, self.output_tokens * math.exp(sigma * sigma) / 2.0)
+        return self.prompt_tokens + round(output)
+
     def output_lengths(self, n: int, seed: int = 0) -> list[int]:
         """n output lengths: fixed, or lognormal with this mean and p99 taken at evenly
         spaced quantiles (no sampling noise between two predictions), in a seeded order."""

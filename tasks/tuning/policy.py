@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 from infra.sglang.flags import ServerFlags, scaled_ratio
+from infra.sglang.launch import UnsupportedFlags, check_flags
 from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
 from infra.sglang.planner import MAX_MEM_FRACTION, Demand, candidate_flags
 from infra.sglang.profiles import GpuProfile, ModelProfile
@@ -132,7 +133,7 @@ def fit_to_kv(label: str, candidate: ServerFlags, plan: MemoryPlan, demand: Dema
     request, output included). Unchanged without a known workload, or when it fits."""
     if demand.workload is None:
         return label, candidate, plan
-    per_request = demand.workload.prompt_tokens + demand.workload.output_tokens
+    per_request = demand.workload.kv_per_request()  # the answers' tail included
     fit = max(1, plan.max_total_num_tokens // per_request)
     if fit >= plan.max_running_requests:
         return label, candidate, plan
@@ -170,7 +171,8 @@ def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
                                                                        mem_ceiling)
     if pinned:
         options = [(f"{label} (pools kept)", keep_memory(c, flags)) for label, c in options]
-    best: tuple[float, str, ServerFlags] | None = None
+    screen = demand.without_tail()
+    pool: list[tuple[float, float, str, ServerFlags, MemoryPlan]] = []
     for label, candidate in options:
         if config_key(candidate, None) in tried or candidate == flags:
             continue
@@ -179,13 +181,16 @@ def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
             continue
         if (candidate.mem_fraction_static or 0.0) > mem_ceiling:
             continue
+        if not accepted_by(candidate, version, model.hybrid):
+            continue  # this SGLang would refuse to start it
         try:
             plan = plan_memory(model, gpu, candidate, version)
             label, candidate, plan = fit_to_kv(label, candidate, plan, demand, model, gpu,
                                                version)
         except PoolsDoNotFit:
             continue
-        tok_s = demand.tok_s_per_gpu(model, gpu, candidate, plan, version)
+        tok_s = screen.tok_s_per_gpu(model, gpu, candidate, plan, version)
+        raw = tok_s
         if current is not None and reuse is not None:
             roof = build_roofline(model, gpu, candidate, plan)
             kept = tok_s
@@ -197,8 +202,8 @@ def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
                 PREFILL_PROBE_TOKENS / roof.prefill_s(PREFILL_PROBE_TOKENS))
             if tok_s < kept:
                 label += f", with the prefix cache's {reuse.cached_share:.0%} reuse lost"
-        if best is None or tok_s > best[0]:
-            best = (tok_s, label, candidate)
+        pool.append((tok_s, raw, label, candidate, plan))
+    best = _ranked_with_tail(pool, demand, screen, model, gpu, version)
     if best is None or best[0] < min_gain * baseline:
         return None
     tok_s, label, chosen = best
@@ -208,6 +213,35 @@ def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
                     f"({gain:.2f}× the model's figure for the current config; "
                     f"{demand.describe()})",
                     gain if math.isfinite(gain) else None)
+
+
+def accepted_by(flags: ServerFlags, version: SGLangVersion, hybrid: bool) -> bool:
+    try:
+        check_flags(flags, version, hybrid)
+    except UnsupportedFlags:
+        return False
+    return True
+
+
+SHORTLIST = 3  # candidates scored with the answers' tail, of those the mean alone ranks best
+
+
+def _ranked_with_tail(pool: list[tuple[float, float, str, ServerFlags, MemoryPlan]],
+                      demand: Demand, screen: Demand, model: ModelProfile, gpu: GpuProfile,
+                      version: SGLangVersion) -> tuple[float, str, ServerFlags] | None:
+    """The best candidate. With a tail (p99) in the workload, a replay costs ~10× one at the
+    mean (long answers to run out: ~10 s on a busy 2-core box, and a check scores dozens), so
+    the mean ranks them and the tail decides among the SHORTLIST best — the tail is what
+    tells a cap that fills its KV with long answers (and retracts) from one that does not."""
+    if not pool:
+        return None
+    ranked = sorted(pool, key=lambda p: p[0], reverse=True)
+    if screen is demand:
+        return ranked[0][0], ranked[0][2], ranked[0][3]
+    rescored = [(demand.tok_s_per_gpu(model, gpu, candidate, plan, version) * adjusted / raw
+                 if raw > 0 else 0.0, label, candidate)
+                for adjusted, raw, label, candidate, plan in ranked[:SHORTLIST]]
+    return max(rescored, key=lambda r: r[0])
 
 
 # --- when to restart -------------------------------------------------------------------------

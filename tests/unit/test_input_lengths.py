@@ -74,6 +74,8 @@ def test_the_first_decision_predicts_the_committed_rate_for_the_rows_own_lengths
 def test_text_rows_without_ignore_eos_predict_from_commits_only() -> None:
     totals = RunTotals()
     totals.done, totals.tokens, totals.prompt_tokens = 4, 4000, 800
+    assert totals.demand(2048).workload is None  # too few answers to see their spread
+    totals.answer_lengths.add([1000] * 100)  # all alike: no tail
     workload = totals.demand(2048).workload
     assert workload is not None
     assert (workload.prompt_tokens, workload.output_tokens, workload.output_p99) == (200, 1000,
@@ -89,3 +91,60 @@ def test_text_rows_without_ignore_eos_predict_from_commits_only() -> None:
     totals.input_lengths = InputLengths(100, None, None, None, rows_set_max_new_tokens=True)
     own = totals.demand(2048, generated_per_finished=3300.0, max_new_tokens=2048).workload
     assert own is not None and own.output_tokens == 3300
+
+
+def test_text_rows_predict_with_the_answers_tail() -> None:
+    """A p99 goes to the predictor (a mean alone made a cap that fills its KV with the long
+    answers look safe: #26): lognormal through the mean and the committed answers' median."""
+    totals = RunTotals()
+    lengths = [200] * 60 + [1000] * 30 + [4000] * 10  # median 200, mean 820
+    totals.answer_lengths.add(lengths)
+    totals.done, totals.tokens, totals.prompt_tokens = 100, sum(lengths), 20_000
+    workload = totals.demand(2048).workload
+    assert workload is not None
+    # sigma = sqrt(2 ln(820 / 200)) = 1.680; p99 = 200 * exp(2.326 * 1.680) = 9,907 → 2 figures
+    assert (workload.output_tokens, workload.output_p99) == (820, 10_000)
+    # while long answers run, the servers read a longer mean: a wider tail
+    live = totals.demand(2048, generated_per_finished=1640.0).workload
+    assert live is not None and live.output_tokens == 1600
+    assert live.output_p99 is not None and live.output_p99 > 10_000
+    # and never past max_new_tokens
+    capped = totals.demand(2048, generated_per_finished=1640.0, max_new_tokens=6000).workload
+    assert capped is not None and capped.output_p99 == 6000
+
+
+def test_the_tail_of_a_reasoning_models_answers_is_read_from_the_short_ones() -> None:
+    """Lognormal answers (mean 2,000, p99 16,000), of which only the shortest 60 % have come
+    back (mean 560): with the servers' mean the p99 comes out near the job's, not near the
+    longest answer finished; alike answers get no tail; and the sample is uniform and
+    bounded however long the job."""
+    import math
+    import random
+
+    from tasks.tuning.answer_lengths import MIN_SAMPLE, SAMPLE_SIZE, AnswerLengths
+
+    rng = random.Random(1)
+    answers = sorted(round(rng.lognormvariate(math.log(964), 1.208)) for _ in range(20_000))
+    early = AnswerLengths()
+    early.add(answers[:12_000])
+    assert 14_000 < (early.p99(1700.0) or 0) < 20_000
+    alike = AnswerLengths()
+    alike.add([100] * (MIN_SAMPLE - 1))
+    assert alike.p99(100) is None  # too few to tell
+    alike.add([100])
+    assert alike.p99(100) == 100
+    stream = AnswerLengths()
+    stream.add(range(1, 50_001))
+    assert len(stream._sample) == SAMPLE_SIZE
+    assert abs((stream.p99(0.0) or 0) - 25_000) < 1_500  # the whole stream's median, no tail
+
+
+def test_a_cap_is_sized_by_the_answers_the_running_set_holds() -> None:
+    """The running set is the long answers (a request seen running is one in proportion to
+    its length): mean 2,000, p99 16,000 holds 4,300 tokens of output a request, half way
+    through a length-biased draw, where the mean said 2,000; alike answers as before."""
+    from infra.sim.predict import Workload
+
+    assert Workload(500, 2000).kv_per_request() == 2500
+    tail = Workload(500, 2000, 16_000).kv_per_request()
+    assert 4_500 < tail < 5_000
