@@ -6,12 +6,24 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pytest
 
 from tasks.dispatch import Dispatcher, Endpoint
 from tasks.fleet_control import DispatchEnded, FleetControl
 from tests.integration.test_dispatch import OPTS, endpoints, shards
+
+
+def run_beside(operate: Callable[[], None],
+               main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """The dispatch on this thread's loop; `operate` (retire, join) on another, as the
+    tuning watch does."""
+    worker = threading.Thread(target=operate)
+    worker.start()
+    asyncio.run(main())
+    worker.join()
 
 
 def test_retired_server_takes_nothing_new_and_rejoins_with_a_new_limit(sim_fleet) -> None:
@@ -53,10 +65,7 @@ def test_retired_server_takes_nothing_new_and_rejoins_with_a_new_limit(sim_fleet
         finally:
             control.unbind()
 
-    worker = threading.Thread(target=operate)
-    worker.start()
-    asyncio.run(main())
-    worker.join()
+    run_beside(operate, main)
     ids = sorted(r["id"] for rows in committed.values() for r in rows)
     assert ids == sorted(f"s{s}-{i}" for s in range(12) for i in range(20))
     assert seen_while_out == []
@@ -110,10 +119,7 @@ def test_a_retired_servers_long_answers_are_handed_back_and_it_stops_at_once(
         finally:
             control.unbind()
 
-    worker = threading.Thread(target=operate)
-    worker.start()
-    asyncio.run(main())
-    worker.join()
+    run_beside(operate, main)
     rows = [r for shard in committed.values() for r in shard]
     assert sorted(r["id"] for r in rows) == sorted(f"s{s}-{i}" for s in range(2) for i in range(3))
     assert outcome["handed_back"] == 3 == outcome["stats_handed_back"]
