@@ -36,6 +36,7 @@ from tasks.dispatch_records import (
     TransientFailure,
     WorkItem,
 )
+from tasks.hand_back import InFlight
 from tasks.requests import (
     DispatchOptions,
     MalformedAnswer,
@@ -100,7 +101,7 @@ class Dispatcher:
         self._retired: set[str] = set()
         self._generation: dict[str, int] = {e.name: 0 for e in endpoints}
         self._in_flight_by: dict[str, int] = {}
-        self._posting: dict[str, set[asyncio.Future[dict[str, Any]]]] = {}  # requests in flight
+        self._posting = InFlight()  # the HTTP waits open on each server (tasks/hand_back.py)
         self._suspects = SuspectLane()  # prompts that were on a server when it died
         self._workers: list[asyncio.Task[None]] = []
         self._stack: contextlib.AsyncExitStack | None = None
@@ -207,18 +208,8 @@ class Dispatcher:
         return self._in_flight_by.get(name, 0)
 
     def hand_back(self, name: str) -> int:
-        """Cancel the requests a retired server still runs; each goes back to the queue for
-        another server now, not when this one stops. Their connections close and SGLang
-        aborts them (as the simulator does): a stopping 0.5.17 server otherwise generates
-        every in-flight answer to its end, nobody reading it, until the stop's grace runs
-        out — 30 s of each canary and rollout restart with long answers. Only the HTTP wait
-        is cancelled, never a commit. Returns how many."""
-        if name not in self._retired:
-            return 0
-        posting = list(self._posting.get(name, ()))
-        for post in posting:
-            post.cancel()
-        return len(posting)
+        """Give what a retired server still runs to the others now (tasks/hand_back.py)."""
+        return self._posting.cancel(name) if name in self._retired else 0
 
     async def _drain(self, timeout_s: float = 60.0) -> None:
         """Stop taking work; give in-flight requests a bounded time to finish — but only while
@@ -292,9 +283,7 @@ class Dispatcher:
         path, body = build_request(item.row, self.opts, item.sample)
         started = time.monotonic()
         post = asyncio.ensure_future(self._post(ep, client, path, body))
-        posting = self._posting.setdefault(ep.name, set())
-        posting.add(post)
-        post.add_done_callback(posting.discard)
+        self._posting.track(ep.name, post)
         try:
             answer = await post
         except asyncio.CancelledError:
