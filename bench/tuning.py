@@ -142,6 +142,9 @@ def main() -> None:
     from infra.prefect_env import configure_local_prefect
 
     configure_local_prefect()
+    from infra.prefect_api import use_temporary_api
+
+    use_temporary_api()  # dies with the bench (a killed bench left Prefect's API running)
     from flows.generate import generate
     from tasks.tuning.ledger import TuningLedger
 
