@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from infra.sglang.flags import ServerFlags, scaled_ratio
+from infra.sglang.launch import UnsupportedFlags, check_flags
 from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
 from infra.sglang.profiles import GpuProfile, ModelProfile
 from infra.sglang.roofline import build_roofline
@@ -74,8 +75,9 @@ def evaluate(label: str, model: ModelProfile, gpu: GpuProfile, flags: ServerFlag
              version: SGLangVersion, avg_context: float,
              workload: Workload | None = None) -> Alternative:
     try:
+        check_flags(flags, version, model.hybrid)  # (MTP with no_buffer: not before 06-18)
         plan = plan_memory(model, gpu, flags, version)
-    except PoolsDoNotFit as exc:
+    except (PoolsDoNotFit, UnsupportedFlags) as exc:
         return Alternative(label, flags, None, None, str(exc))
     committed = (committed_tok_s(model, gpu, flags, version, workload) / flags.tp_size
                  if workload is not None else None)
@@ -119,7 +121,7 @@ def candidate_flags(model: ModelProfile, flags: ServerFlags, current: MemoryPlan
             mamba_strategy="extra_buffer" if model.hybrid else flags.mamba_strategy)))
         if model.hybrid and flags.mamba_strategy == "no_buffer":
             # builds after 2026-06-18 (0.5.17) take MTP with no_buffer and the radix cache;
-            # the policy drops it where the version refuses (launch.check_flags)
+            # where the version refuses, launch.check_flags says so (evaluate, the policy)
             out.append(("MTP on (EAGLE 3/1), no_buffer kept", flags.with_changes(
                 speculative_algorithm="EAGLE", speculative_num_steps=3,
                 speculative_eagle_topk=1)))
