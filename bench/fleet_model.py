@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from infra.sglang.flags import ServerFlags
+from infra.sglang.hardware import Hardware
 from infra.sglang.memory import plan_memory
 from infra.sglang.roofline import build_roofline
 from infra.sim.engine import SimEngine
 from tasks.monitor import Sample
-from tests.modeled import Hardware
 
 T = TypeVar("T")
 NO_WALL_CLOCK = 1e9  # SimEngine's time scale: chunks run to the next finish (no wall pacing)

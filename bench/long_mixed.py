@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.sglang.flags import ServerFlags
+from infra.sglang.hardware import Hardware
 from infra.sglang.memory import PoolsDoNotFit, plan_memory
 from infra.sglang.planner import Demand
 from infra.sglang.profiles import gpu_profile, model_profile
@@ -56,7 +57,7 @@ def committed_sweep(sc: dict[str, Any]) -> tuple[float, dict[str, Any]]:
         try:
             plan = plan_memory(model, gpu, flags, version)
             if fit:  # the cap the tuner would propose it with (policy.fit_to_kv)
-                label, flags, _ = fit_to_kv("", flags, plan, demand, model, gpu, version)
+                label, flags, _ = fit_to_kv("", flags, plan, demand, Hardware(model, gpu, version))
                 if not label:
                     continue  # it fits as it is: already scored
         except PoolsDoNotFit:

@@ -40,6 +40,7 @@ from long_mixed import committed_sweep, workload  # noqa: E402
 
 from infra.settings import TuningSettings  # noqa: E402
 from infra.sglang.flags import ServerFlags  # noqa: E402
+from infra.sglang.hardware import Hardware  # noqa: E402
 from infra.sglang.memory import plan_memory  # noqa: E402
 from infra.sglang.planner import Demand  # noqa: E402
 from infra.sglang.profiles import gpu_profile, model_profile  # noqa: E402
@@ -49,8 +50,7 @@ from tasks.tuning.canary import MAX_JUDGE_WINDOWS, MIN_JUDGE_WINDOWS  # noqa: E4
 from tasks.tuning.diagnosis import diagnose, window_stats  # noqa: E402
 from tasks.tuning.judge import judge  # noqa: E402
 from tasks.tuning.ledger import config_key  # noqa: E402
-from tasks.tuning.policy import Proposal, propose  # noqa: E402
-from tests.modeled import Hardware  # noqa: E402
+from tasks.tuning.policy import Proposal, Search, propose  # noqa: E402
 
 SEEDS: dict[str, Any] = {  # seed-004 (../shared/seeds/004_*.txt)
     "model": "Qwen/Qwen3.6-27B", "gpu": "b200", "version": "main", "prompts": 902_087,
@@ -164,9 +164,9 @@ class Job:
         plan = plan_memory(self.hw.model, self.hw.gpu, self.current, self.hw.version)
         caps = {n: plan.max_running_requests for n in self.names}
         diag = diagnose(window_stats(rows, t - 2 * window, 1.0), caps, plan)
-        proposal = propose(diag, self.current, self.fleet.clients, self.hw.model, self.hw.gpu,
-                           self.hw.version, tried, demand=Demand(workload=self.work),
-                           min_gain=self.tuning.min_predicted_gain)
+        proposal = propose(diag, self.current, self.fleet.clients,
+                           Search(self.hw, frozenset(tried), Demand(workload=self.work),
+                                  min_gain=self.tuning.min_predicted_gain))
         if proposal is None or proposal.predicted_gain is None:
             return proposal
         left_s = self._work_left_s(diag.tok_s_per_gpu)

@@ -18,8 +18,8 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from flows.epoch import EpochOutcome, JobContext, TunerState, run_epoch
-from flows.job import Cycle, Progress, RunTotals, cycles_artifact, hardware_of
+from flows.epoch import JobContext, run_epoch
+from flows.job import Progress
 from flows.report import write_report
 from flows.summary import RunSummary, ServerSummary, format_summary
 from infra.input_lengths import InputLengths, sample_lengths
@@ -27,11 +27,9 @@ from infra.locations import location_problem
 from infra.processes import ephemeral_port_warning
 from infra.prompts import validate_input
 from infra.settings import NULL, JobSettings, load_settings
-from infra.sglang.planner import MAX_MEM_FRACTION
 from infra.storage import Destination, open_destination
 from tasks.capacity import capacity_note
 from tasks.engines import engine_for
-from tasks.health import ServerStartFailed
 from tasks.monitor import FleetMonitor
 from tasks.servers import (
     build_launch_specs,
@@ -40,10 +38,10 @@ from tasks.servers import (
     stop_fleet,
 )
 from tasks.shards import JobState, plan_shards, vocabulary_warning
-from tasks.tuning.decide import NextConfig, restart_on_regression
-from tasks.tuning.diagnosis import generated_per_finished
-from tasks.tuning.ledger import TuningLedger, config_key
+from tasks.totals import RunTotals
+from tasks.tuning.ledger import TuningLedger
 from tasks.tuning.policy import pools_pinned
+from tasks.tuning.tuner import Tuner
 from tasks.upload import restore_from, upload
 
 
@@ -106,31 +104,30 @@ def _stop_fleet_hook(flow_: Any, flow_run: Any, state: Any) -> None:
     stop_fleet([], registry_for(job_paths(settings, node)[0]), settings.stop_grace_s, secrets)
 
 
-def summarize(settings: JobSettings, state: JobState, totals: RunTotals,
-              seconds: float) -> RunSummary:
-    caps = totals.capacities
+def summarize(tuner: Tuner, state: JobState, totals: RunTotals, seconds: float) -> RunSummary:
+    settings, caps = tuner.settings, tuner.state.capacities
     wall_tok_s = totals.tokens / seconds if seconds > 0 else 0.0
-    hw = hardware_of(settings, caps[0].version if caps else None)
-    plan = hw.plan(settings) if caps else None
+    time_scale = tuner.state.time_scale
     return RunSummary(
         output=settings.upload_target() or str(settings.local_output()),
         prompts_total=state.plan.input_rows, prompts_done_this_run=totals.done,
         errors_this_run=totals.errors, already_committed=state.committed_rows,
         output_tokens=totals.tokens, seconds=round(seconds, 2), tok_s=round(wall_tok_s, 1),
-        tok_s_modeled_gpu_time=round(wall_tok_s / hw.time_scale, 1), time_scale=hw.time_scale,
+        tok_s_modeled_gpu_time=round(wall_tok_s / time_scale, 1), time_scale=time_scale,
         startup_s=round(totals.startup_s, 2), generating_s=round(totals.generating_s, 2),
         servers=[ServerSummary(url=c.url, max_running_requests=c.max_running_requests,
                                max_total_num_tokens=c.max_total_num_tokens,
                                max_mamba_cache_size=c.max_mamba_cache_size) for c in caps],
-        capacity_note=capacity_note(plan, caps), restarts=len(totals.cycles),
+        capacity_note=capacity_note(tuner.state.plan() if caps else None, caps),
+        restarts=len(tuner.cycles),
         answers_redone_after_drains=max(0, totals.answers - totals.done - totals.errors),
-        cycles=[c.record() for c in totals.cycles],
+        cycles=[c.record() for c in tuner.cycles],
         final_server_flags=settings.server.model_dump(exclude_none=True,
                                                       exclude={"extra_args"}),
         prompt_tokens=totals.prompt_tokens, cached_tokens=totals.cached_tokens,
         prefix_affinity_chars=settings.client.prefix_affinity_chars,
         client_concurrency=settings.client.concurrency_per_server, primers=totals.primers,
-        advice=totals.advice)
+        advice=tuner.state.advice)
 
 
 @flow(name="generate", on_cancellation=[_stop_fleet_hook],  # type: ignore[list-item]
@@ -178,20 +175,21 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
     started = time.monotonic()
     monitor = FleetMonitor(settings.tuning.sample_interval_s,
                            settings.api_key.get_secret_value() if settings.api_key else None)
+    tuner = Tuner(settings, TuningLedger(out / "tuning.jsonl"), monitor, totals, logger)
     if state.pending:
         monitor.start()
         try:
             ctx = JobContext(out, dest, monitor, totals, logger, manifest_key if node else None,
-                             TuningLedger(out / "tuning.jsonl"),
                              Progress(state, logger, None, totals))
-            settings = _run_epochs(settings, state, ctx, shards)
+            _run_epochs(state, ctx, tuner, shards)
         finally:
             monitor.stop()
             monitor.write(out / "monitor" / f"metrics-{int(time.time())}.parquet")
-    summary = summarize(settings, initial, totals, time.monotonic() - started)
-    if totals.capacities:
+    settings = tuner.settings
+    summary = summarize(tuner, initial, totals, time.monotonic() - started)
+    if tuner.state.capacities:
         _, artifact = write_report(out, summary, monitor.snapshot(), summary.cycles,
-                                   hardware_of(settings, None).time_scale, totals.caps_by_epoch)
+                                   tuner.state.time_scale, tuner.state.caps_by_epoch)
         create_markdown_artifact(artifact, key="run-report",
                                  description="throughput, pool usage and restarts")
     if target:  # after the report: the bucket gets it, with the ledger, series and logs
@@ -204,41 +202,15 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
     return summary.model_dump()
 
 
-def _run_epochs(settings: JobSettings, state: JobState, ctx: JobContext,
-                shards: list[int] | None) -> JobSettings:
-    """Run fleet configurations until no shard is pending; returns the final settings."""
-    tuner = TunerState(mem_ceiling=MAX_MEM_FRACTION)
+def _run_epochs(state: JobState, ctx: JobContext, tuner: Tuner,
+                shards: list[int] | None) -> None:
+    """Run fleet configurations until no shard is pending; the tuner chooses each one."""
     epoch = 0
     while state.pending:
         epoch += 1
-        outcome = run_epoch(settings, state, ctx, tuner, epoch)
-        settings = outcome.settings  # a rollout during the epoch may have changed it
-        decision = _decide(settings, outcome, ctx, tuner, epoch)
-        state = _pending_state(settings, ctx.out, shards)
-        if decision is not None and state.pending:
-            settings = _restart_with(settings, decision, outcome, ctx, tuner, epoch)
-    return settings
-
-
-def _decide(settings: JobSettings, outcome: EpochOutcome, ctx: JobContext, tuner: TunerState,
-            epoch: int) -> NextConfig | None:
-    """The next configuration (None: keep this one); raises when a start failed with
-    nothing known to work to go back to."""
-    result, hw, tuning = outcome.result, outcome.hw, settings.tuning
-    min_gain = (result.required_gain if result and result.required_gain is not None
-                else tuning.min_predicted_gain)
-    decision, tuner.mem_ceiling = restart_on_regression(
-        result, outcome.failure, epoch, settings.server,
-        settings.client.concurrency_per_server, str(ctx.ledger.path), hw.model, hw.gpu,
-        hw.version, tuner.mem_ceiling, min_gain,
-        ctx.totals.demand(tuning.avg_context, generated_per_finished(ctx.monitor.snapshot()),
-                          settings.sampling.max_new_tokens),
-        tuning.allow_lossy,
-        tuner.predicted_tok_s_per_gpu, ctx.totals.prefix_reuse())
-    if outcome.start_failure is not None and decision is None:
-        raise ServerStartFailed(f"servers failed to start and no earlier config worked: "
-                                f"{outcome.failure}", outcome.start_failure.handle, "")
-    return decision
+        outcome = run_epoch(state, ctx, tuner, epoch)
+        state = _pending_state(tuner.settings, ctx.out, shards)
+        tuner.after_epoch(epoch, outcome.result, outcome.start_failure, bool(state.pending))
 
 
 def _input_lengths(settings: JobSettings, state: JobState) -> InputLengths:
@@ -255,29 +227,6 @@ def _pending_state(settings: JobSettings, out: Path, shards: list[int] | None) -
         return state
     owned = set(shards)
     return replace(state, pending=[s for s in state.pending if s in owned])
-
-
-def _restart_with(settings: JobSettings, decision: NextConfig, outcome: EpochOutcome,
-                  ctx: JobContext, tuner: TunerState, epoch: int) -> JobSettings:
-    """Record the cycle and return the settings of the next epoch."""
-    tuner.restarts += 1
-    tuner.predicted_tok_s_per_gpu = decision.predicted_tok_s_per_gpu
-    result = outcome.result
-    ctx.totals.cycles.append(Cycle(
-        epoch=epoch, measured_tok_s_per_gpu=result.measured_tok_s_per_gpu if result else None,
-        diagnosis=(result.diagnosis.kind if result and result.diagnosis else "start failed"),
-        reason=decision.reason,
-        old=config_key(settings.server, settings.client.concurrency_per_server),
-        new_flags=decision.flags.model_dump(exclude_none=True, exclude={"extra_args"}),
-        new_concurrency=decision.concurrency,
-        predicted_tok_s_per_gpu=decision.predicted_tok_s_per_gpu,
-        triggered_at=result.triggered_at if result else None))
-    ctx.logger.warning("restart %d: %s", tuner.restarts, decision.reason)
-    cycles_artifact(ctx.totals.cycles)
-    return settings.model_copy(update={
-        "server": decision.flags,
-        "client": settings.client.model_copy(
-            update={"concurrency_per_server": decision.concurrency})})
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 
 from infra.settings import JobSettings
+from infra.sglang.hardware import Hardware
 from infra.sglang.memory import DEFAULT_VERSION
 from infra.sglang.profiles import gpu_profile, model_profile
 from infra.sglang.versions import SGLangVersion, installed_version, parse_version
@@ -53,6 +54,18 @@ class Engine(ABC):
     def time_scale(self, settings: JobSettings) -> float:
         """Modeled GPU seconds per wall second (1 on a real GPU)."""
         return 1.0
+
+    def hardware(self, settings: JobSettings, server_version: str | None) -> Hardware | None:
+        """The model, GPU and SGLang release the tuner reasons about (the configured
+        version, else the one the servers report); None where one of them is unknown."""
+        version = settings.sglang_version or server_version
+        if not version:
+            return None
+        try:
+            return Hardware(model_profile(settings.model, settings.weights_gib),
+                            gpu_profile(self.gpu_name(settings)), parse_version(version))
+        except ValueError:
+            return None
 
     def check_before_start(self, settings: JobSettings) -> None:
         """Raise ValueError naming the field when this engine cannot run these settings."""

@@ -16,8 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from infra.sglang.flags import ServerFlags
-from infra.sglang.profiles import GpuProfile, ModelProfile
-from infra.sglang.versions import SGLangVersion
+from infra.sglang.hardware import Hardware
 from infra.sim.engine import SimEngine
 from infra.sim.replay import replay_engine
 from tasks.monitor import Sample
@@ -34,13 +33,6 @@ class ModeledServer:
     flags: ServerFlags
     warm_s: float = 0.0
     in_flight: int | None = None
-
-
-@dataclass(frozen=True)
-class Hardware:
-    model: ModelProfile
-    gpu: GpuProfile
-    version: SGLangVersion
 
 
 def engine_for(hw: Hardware, flags: ServerFlags) -> SimEngine:

@@ -5,36 +5,29 @@ after a start that failed), as a Prefect task so each decision is visible in the
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra.sglang.flags import ServerFlags
-from infra.sglang.memory import PoolsDoNotFit, plan_memory
-from infra.sglang.planner import Demand
-from infra.sglang.profiles import GpuProfile, ModelProfile
-from infra.sglang.versions import SGLangVersion
-from tasks.tuning.ledger import LedgerEntry, TuningLedger, config_key
-from tasks.tuning.policy import PrefixReuse, propose
+from infra.sglang.hardware import Hardware
+from tasks.tuning.ledger import LedgerEntry, LedgerOutcome, TuningLedger, config_key
+from tasks.tuning.policy import Search, propose
 from tasks.tuning.watch import WatchResult
 
 
-def _resolved_mem_fraction(flags: ServerFlags, model: ModelProfile | None,
-                           gpu: GpuProfile | None, version: SGLangVersion | None,
-                           ) -> float | None:
-    if flags.mem_fraction_static is not None:
-        return flags.mem_fraction_static
-    if model is None or gpu is None or version is None:
-        return None
-    try:
-        return plan_memory(model, gpu, flags, version).mem_fraction_static
-    except PoolsDoNotFit:
-        return None
+@dataclass(frozen=True)
+class EpochReport:
+    """What one epoch ran and how it ended, as the decision after it needs it."""
 
-
-# --- the restart decision --------------------------------------------------------------------
+    epoch: int
+    flags: ServerFlags
+    concurrency: int | None
+    result: WatchResult | None  # None: the fleet did not start
+    failure: str | None = None  # why it did not start
+    predicted_tok_s_per_gpu: float | None = None  # the model's figure when it was chosen
 
 
 @dataclass(frozen=True)
@@ -45,57 +38,67 @@ class NextConfig:
     predicted_tok_s_per_gpu: float | None = None  # what the model promised for it
 
 
-def decide_next(result: WatchResult | None, failure: str | None, epoch: int,
-                flags: ServerFlags, concurrency: int | None, ledger: TuningLedger,
-                model: ModelProfile | None, gpu: GpuProfile | None,
-                version: SGLangVersion | None, mem_ceiling: float, min_gain: float,
-                demand: Demand, allow_lossy: bool = False,
-                predicted: float | None = None,
-                reuse: PrefixReuse | None = None) -> tuple[NextConfig | None, float]:
+def _resolved_mem_fraction(flags: ServerFlags, hw: Hardware | None) -> float | None:
+    if flags.mem_fraction_static is not None:
+        return flags.mem_fraction_static
+    plan = hw.plan_or_none(flags) if hw is not None else None
+    return plan.mem_fraction_static if plan is not None else None
+
+
+def _after_failed_start(report: EpochReport, ledger: TuningLedger, hw: Hardware | None,
+                        mem_ceiling: float) -> tuple[NextConfig | None, float]:
+    """Back to the best configuration so far; after an OOM the mem_fraction ceiling goes
+    halfway down to the largest fraction known to work (a bisection step)."""
+    failure = report.failure or ""
+    failed_m = _resolved_mem_fraction(report.flags, hw)
+    if "out of memory" in failure.lower() and failed_m is not None:
+        good = [m for m in (_resolved_mem_fraction(ledger.flags_of(e), hw)
+                            for e in ledger.entries() if e.outcome == "measured")
+                if m is not None and m < failed_m]
+        floor = max(good) if good else failed_m - 0.1
+        mem_ceiling = min(mem_ceiling, round((floor + failed_m) / 2, 3))
+    best = ledger.best()
+    if best is None:
+        return None, mem_ceiling
+    return NextConfig(ledger.flags_of(best), best.concurrency,
+                      f"start failed ({failure.splitlines()[0][:160] if failure else ''}); "
+                      f"back to the best config so far ({best.tok_s_per_gpu:,.0f} tok/s per "
+                      f"GPU); mem_fraction_static ceiling now {mem_ceiling}",
+                      best.tok_s_per_gpu), mem_ceiling
+
+
+def decide_next(report: EpochReport, ledger: TuningLedger, search: Search | None,
+                mem_ceiling: float) -> tuple[NextConfig | None, float]:
     """Record what this epoch did — with what was predicted for it when it was chosen —
-    and choose the next configuration (None: keep going as is).
+    and choose the next configuration (None: keep going as is). `search` is None where
+    the hardware is unknown: no move is scored then.
 
     Returns (next config or None, the possibly lowered mem_fraction ceiling)."""
-    key = config_key(flags, concurrency)
-    now = time.time()
-    dump = flags.model_dump(mode="json")
-    if failure is not None:
-        ledger.record(LedgerEntry(epoch, dump, key, concurrency, "failed", None, predicted,
-                                  failure[:500], now))
-        failed_m = _resolved_mem_fraction(flags, model, gpu, version)
-        if "out of memory" in failure.lower() and failed_m is not None:
-            # Back off halfway to the largest fraction known to work (a bisection step).
-            good = [m for m in (_resolved_mem_fraction(ledger.flags_of(e), model, gpu, version)
-                                for e in ledger.entries() if e.outcome == "measured")
-                    if m is not None and m < failed_m]
-            floor = max(good) if good else failed_m - 0.1
-            mem_ceiling = min(mem_ceiling, round((floor + failed_m) / 2, 3))
-        best = ledger.best()
-        if best is None:
-            return None, mem_ceiling
-        return NextConfig(ledger.flags_of(best), best.concurrency,
-                          f"start failed ({failure.splitlines()[0][:160]}); back to the best "
-                          f"config so far ({best.tok_s_per_gpu:,.0f} tok/s per GPU); "
-                          f"mem_fraction_static ceiling now {mem_ceiling}",
-                          best.tok_s_per_gpu), mem_ceiling
+    key = config_key(report.flags, report.concurrency)
+
+    def entry(outcome: LedgerOutcome, measured: float | None, note: str) -> LedgerEntry:
+        return LedgerEntry(report.epoch, report.flags.model_dump(mode="json"), key,
+                           report.concurrency, outcome, measured,
+                           report.predicted_tok_s_per_gpu, note[:500], time.time())
+
+    if report.failure is not None:
+        ledger.record(entry("failed", None, report.failure))
+        return _after_failed_start(report, ledger, search.hardware if search else None,
+                                   mem_ceiling)
+    result = report.result
     measured = result.measured_tok_s_per_gpu if result else None
     if result is not None and result.triggered and result.reason.startswith("rollback"):
-        ledger.record(LedgerEntry(epoch, dump, key, concurrency, "rolled_back", measured,
-                                  predicted, result.reason, now))
+        ledger.record(entry("rolled_back", measured, result.reason))
         best = ledger.best(other_than=key)
         if best is None:
             return None, mem_ceiling
         return NextConfig(ledger.flags_of(best), best.concurrency, result.reason,
                           best.tok_s_per_gpu), mem_ceiling
-    ledger.record(LedgerEntry(epoch, dump, key, concurrency, "measured", measured, predicted,
-                              result.reason if result else "", now))
-    if result is None or not result.triggered or result.diagnosis is None:
+    ledger.record(entry("measured", measured, result.reason if result else ""))
+    if result is None or not result.triggered or result.diagnosis is None or search is None:
         return None, mem_ceiling
-    if model is None or gpu is None or version is None:
-        return None, mem_ceiling
-    proposal = propose(result.diagnosis, flags, concurrency, model, gpu, version,
-                       ledger.tried(), mem_ceiling, demand, min_gain, allow_lossy,
-                       reuse=reuse)
+    proposal = propose(result.diagnosis, report.flags, report.concurrency,
+                       replace(search, tried=frozenset(ledger.tried()), mem_ceiling=mem_ceiling))
     if proposal is None:
         return None, mem_ceiling
     return NextConfig(proposal.flags, proposal.concurrency,
@@ -104,13 +107,6 @@ def decide_next(result: WatchResult | None, failure: str | None, epoch: int,
 
 
 @task(name="restart_on_regression", cache_policy=NO_CACHE)
-def restart_on_regression(result: WatchResult | None, failure: str | None, epoch: int,
-                          flags: ServerFlags, concurrency: int | None, ledger_path: str,
-                          model: ModelProfile | None, gpu: GpuProfile | None,
-                          version: SGLangVersion | None, mem_ceiling: float, min_gain: float,
-                          demand: Demand, allow_lossy: bool = False,
-                          predicted: float | None = None,
-                          reuse: PrefixReuse | None = None) -> tuple[NextConfig | None, float]:
-    return decide_next(result, failure, epoch, flags, concurrency, TuningLedger(Path(
-        ledger_path)), model, gpu, version, mem_ceiling, min_gain, demand, allow_lossy,
-        predicted, reuse)
+def restart_on_regression(report: EpochReport, ledger_path: str, search: Search | None,
+                          mem_ceiling: float) -> tuple[NextConfig | None, float]:
+    return decide_next(report, TuningLedger(Path(ledger_path)), search, mem_ceiling)

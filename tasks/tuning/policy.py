@@ -9,10 +9,11 @@ import math
 from dataclasses import dataclass
 
 from infra.sglang.flags import ServerFlags, scaled_ratio
+from infra.sglang.hardware import Hardware
 from infra.sglang.launch import UnsupportedFlags, check_flags
-from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
+from infra.sglang.memory import MemoryPlan, PoolsDoNotFit
 from infra.sglang.planner import MAX_MEM_FRACTION, Demand, candidate_flags
-from infra.sglang.profiles import GpuProfile, ModelProfile
+from infra.sglang.profiles import ModelProfile
 from infra.sglang.roofline import build_roofline
 from infra.sglang.versions import SGLangVersion
 from tasks.tuning.diagnosis import Diagnosis
@@ -126,8 +127,7 @@ def keep_memory(candidate: ServerFlags, flags: ServerFlags) -> ServerFlags:
 
 
 def fit_to_kv(label: str, candidate: ServerFlags, plan: MemoryPlan, demand: Demand,
-              model: ModelProfile, gpu: GpuProfile, version: SGLangVersion,
-              ) -> tuple[str, ServerFlags, MemoryPlan]:
+              hw: Hardware) -> tuple[str, ServerFlags, MemoryPlan]:
     """The candidate with the cap its KV pool holds: cap × (prompt + expected output) must
     fit, or SGLang admits more than it can finish and retracts (re-prefilling each retracted
     request, output included). Unchanged without a known workload, or when it fits."""
@@ -139,72 +139,50 @@ def fit_to_kv(label: str, candidate: ServerFlags, plan: MemoryPlan, demand: Dema
         return label, candidate, plan
     capped = candidate.with_changes(max_running_requests=fit)
     return (f"{label}, capped at {fit} (what the KV pool holds at {per_request:,} tokens a "
-            "request)", capped, plan_memory(model, gpu, capped, version))
+            "request)", capped, hw.plan(capped))
+
+
+@dataclass(frozen=True)
+class Search:
+    """What a proposal is scored against and kept within.
+
+    `tried`: ledger keys never proposed again. `mem_ceiling`: mem_fraction_static stays under
+    it (lowered after an OOM). `min_gain`: the least predicted speed-up worth a move.
+    `allow_lossy`: numerics (SSM state or KV dtype) may change — a data-generation job should
+    not get different outputs because the tuner wanted speed. `pinned` (servers sharing a
+    GPU): only the levers that leave each server's memory as it is. `reuse`: a move to a
+    strategy that cannot resume from branch points is charged the prefill it brings back."""
+
+    hardware: Hardware
+    tried: frozenset[str] = frozenset()
+    demand: Demand = DECODE_RATE
+    mem_ceiling: float = MAX_MEM_FRACTION
+    min_gain: float = 1.1
+    allow_lossy: bool = False
+    pinned: bool = False
+    reuse: PrefixReuse | None = None
 
 
 def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
-            model: ModelProfile, gpu: GpuProfile, version: SGLangVersion, tried: set[str],
-            mem_ceiling: float = MAX_MEM_FRACTION, demand: Demand = DECODE_RATE,
-            min_gain: float = 1.1, allow_lossy: bool = False,
-            pinned: bool = False, reuse: PrefixReuse | None = None) -> Proposal | None:
+            search: Search) -> Proposal | None:
     """The next configuration to try, or None when nothing promises a gain.
 
-    Never repeats a ledger entry; keeps mem_fraction_static under `mem_ceiling` (lowered
-    after an OOM); keeps MTP unless the model predicts that dropping it wins; never changes
-    numerics (SSM state or KV dtype) unless `allow_lossy` — a data-generation job should not
-    get different outputs because the tuner wanted speed. `pinned` (servers sharing a GPU):
-    only the levers that leave each server's memory as it is. `reuse`: a move to a
-    strategy that cannot resume from branch points is charged the prefill it brings back."""
+    Never repeats a ledger entry; keeps MTP unless the model predicts that dropping it wins;
+    every candidate passes the version's flag checks (SGLang would refuse the rest)."""
     if diagnosis.kind == "client-bound":
-        if concurrency is None or config_key(flags, None) in tried:
+        if concurrency is None or config_key(flags, None) in search.tried:
             return None  # already cap + queue: the fleet is just running out of work
         return Proposal(flags, None, None, "client-bound: set client concurrency to each "
                         "server's cap plus a small queue")
     if diagnosis.kind not in ("mamba-bound", "kv-bound", "request-capped", "compute-bound"):
         return None
-    try:
-        current = plan_memory(model, gpu, flags, version)
-    except PoolsDoNotFit:
-        current = None
-    baseline = demand.tok_s_per_gpu(model, gpu, flags, current, version) if current else 0.0
-    options = candidate_flags(model, flags, current) + _combined_moves(model, flags, current,
-                                                                       mem_ceiling)
-    if pinned:
-        options = [(f"{label} (pools kept)", keep_memory(c, flags)) for label, c in options]
-    screen = demand.without_tail()
-    pool: list[tuple[float, float, str, ServerFlags, MemoryPlan]] = []
-    for label, candidate in options:
-        if config_key(candidate, None) in tried or candidate == flags:
-            continue
-        if not allow_lossy and (candidate.mamba_ssm_dtype != flags.mamba_ssm_dtype
-                                or candidate.kv_cache_dtype != flags.kv_cache_dtype):
-            continue
-        if (candidate.mem_fraction_static or 0.0) > mem_ceiling:
-            continue
-        if not accepted_by(candidate, version, model.hybrid):
-            continue  # this SGLang would refuse to start it
-        try:
-            plan = plan_memory(model, gpu, candidate, version)
-            label, candidate, plan = fit_to_kv(label, candidate, plan, demand, model, gpu,
-                                               version)
-        except PoolsDoNotFit:
-            continue
-        tok_s = screen.tok_s_per_gpu(model, gpu, candidate, plan, version)
-        raw = tok_s
-        if current is not None and reuse is not None:
-            roof = build_roofline(model, gpu, candidate, plan)
-            kept = tok_s
-            tok_s = with_lost_reuse(
-                tok_s, reuse, branching_reuse(current.mamba_strategy, flags.disable_radix_cache,
-                                              reuse.primed),
-                branching_reuse(plan.mamba_strategy, candidate.disable_radix_cache,
-                                reuse.primed),
-                PREFILL_PROBE_TOKENS / roof.prefill_s(PREFILL_PROBE_TOKENS))
-            if tok_s < kept:
-                label += f", with the prefix cache's {reuse.cached_share:.0%} reuse lost"
-        pool.append((tok_s, raw, label, candidate, plan))
-    best = _ranked_with_tail(pool, demand, screen, model, gpu, version)
-    if best is None or best[0] < min_gain * baseline:
+    hw, demand = search.hardware, search.demand
+    current = hw.plan_or_none(flags)
+    baseline = (demand.tok_s_per_gpu(hw.model, hw.gpu, flags, current, hw.version)
+                if current else 0.0)
+    pool = _scored_candidates(flags, current, search)
+    best = _ranked_with_tail(pool, demand, search)
+    if best is None or best[0] < search.min_gain * baseline:
         return None
     tok_s, label, chosen = best
     gain = tok_s / baseline if baseline else float("inf")
@@ -213,6 +191,57 @@ def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
                     f"({gain:.2f}× the model's figure for the current config; "
                     f"{demand.describe()})",
                     gain if math.isfinite(gain) else None)
+
+
+Scored = tuple[float, float, str, ServerFlags, MemoryPlan]  # (tok/s, before reuse, label, ..)
+
+
+def _allowed(candidate: ServerFlags, flags: ServerFlags, search: Search) -> bool:
+    if config_key(candidate, None) in search.tried or candidate == flags:
+        return False
+    if not search.allow_lossy and (candidate.mamba_ssm_dtype != flags.mamba_ssm_dtype
+                                   or candidate.kv_cache_dtype != flags.kv_cache_dtype):
+        return False
+    if (candidate.mem_fraction_static or 0.0) > search.mem_ceiling:
+        return False
+    hw = search.hardware
+    return accepted_by(candidate, hw.version, hw.model.hybrid)  # else SGLang refuses it
+
+
+def _scored_candidates(flags: ServerFlags, current: MemoryPlan | None,
+                       search: Search) -> list[Scored]:
+    """Every allowed move with the rate the mean answer predicts (the prefix reuse it loses
+    charged), capped where the KV pool would not hold the answers' tail."""
+    hw = search.hardware
+    options = candidate_flags(hw.model, flags, current) + _combined_moves(
+        hw.model, flags, current, search.mem_ceiling)
+    if search.pinned:
+        options = [(f"{label} (pools kept)", keep_memory(c, flags)) for label, c in options]
+    screen = search.demand.without_tail()
+    pool: list[Scored] = []
+    for label, candidate in options:
+        if not _allowed(candidate, flags, search):
+            continue
+        try:
+            label, candidate, plan = fit_to_kv(label, candidate, hw.plan(candidate),
+                                               search.demand, hw)
+        except PoolsDoNotFit:
+            continue
+        raw = screen.tok_s_per_gpu(hw.model, hw.gpu, candidate, plan, hw.version)
+        tok_s = raw
+        reuse = search.reuse
+        if current is not None and reuse is not None:
+            roof = build_roofline(hw.model, hw.gpu, candidate, plan)
+            tok_s = with_lost_reuse(
+                raw, reuse, branching_reuse(current.mamba_strategy, flags.disable_radix_cache,
+                                            reuse.primed),
+                branching_reuse(plan.mamba_strategy, candidate.disable_radix_cache,
+                                reuse.primed),
+                PREFILL_PROBE_TOKENS / roof.prefill_s(PREFILL_PROBE_TOKENS))
+            if tok_s < raw:
+                label += f", with the prefix cache's {reuse.cached_share:.0%} reuse lost"
+        pool.append((tok_s, raw, label, candidate, plan))
+    return pool
 
 
 def accepted_by(flags: ServerFlags, version: SGLangVersion, hybrid: bool) -> bool:
@@ -226,9 +255,8 @@ def accepted_by(flags: ServerFlags, version: SGLangVersion, hybrid: bool) -> boo
 SHORTLIST = 3  # candidates scored with the answers' tail, of those the mean alone ranks best
 
 
-def _ranked_with_tail(pool: list[tuple[float, float, str, ServerFlags, MemoryPlan]],
-                      demand: Demand, screen: Demand, model: ModelProfile, gpu: GpuProfile,
-                      version: SGLangVersion) -> tuple[float, str, ServerFlags] | None:
+def _ranked_with_tail(pool: list[Scored], demand: Demand,
+                      search: Search) -> tuple[float, str, ServerFlags] | None:
     """The best candidate. With a tail (p99) in the workload, a replay costs ~10× one at the
     mean (long answers to run out: ~10 s on a busy 2-core box, and a check scores dozens), so
     the mean ranks them and the tail decides among the SHORTLIST best — the tail is what
@@ -236,10 +264,11 @@ def _ranked_with_tail(pool: list[tuple[float, float, str, ServerFlags, MemoryPla
     if not pool:
         return None
     ranked = sorted(pool, key=lambda p: p[0], reverse=True)
-    if screen is demand:
+    if demand.without_tail() is demand:
         return ranked[0][0], ranked[0][2], ranked[0][3]
-    rescored = [(demand.tok_s_per_gpu(model, gpu, candidate, plan, version) * adjusted / raw
-                 if raw > 0 else 0.0, label, candidate)
+    hw = search.hardware
+    rescored = [(demand.tok_s_per_gpu(hw.model, hw.gpu, candidate, plan, hw.version)
+                 * adjusted / raw if raw > 0 else 0.0, label, candidate)
                 for adjusted, raw, label, candidate, plan in ranked[:SHORTLIST]]
     return max(rescored, key=lambda r: r[0])
 

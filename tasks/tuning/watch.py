@@ -37,6 +37,20 @@ class WatchResult:
     last_check: str = ""  # the last check's verdict, for the log when nothing triggered
 
 
+@dataclass
+class WatchTargets:
+    """What one configuration is judged against: each server's request cap, the memory
+    model's view of its pools, the clock, the window, the user's target and the best rate
+    an earlier configuration held (a rollback's bar)."""
+
+    caps: dict[str, int]
+    plan: MemoryPlan | None
+    time_scale: float = 1.0
+    window_s: float = 30.0
+    target_tok_s_per_gpu: float | None = None
+    baseline_tok_s_per_gpu: float | None = None
+
+
 class RegressionWatch:
     """Watches one epoch; sets `stop` when a restart would pay off (or a rollback is due).
 
@@ -44,31 +58,27 @@ class RegressionWatch:
     (b) the diagnosis is a pool/client limit and the policy has a proposal, or (c) this
     config is slower than the best earlier one (rollback)."""
 
-    def __init__(self, monitor: FleetMonitor, caps: dict[str, int], plan: MemoryPlan | None,
-                 time_scale: float, window_s: float, target_tok_s_per_gpu: float | None,
-                 baseline_tok_s_per_gpu: float | None,
-                 can_propose: Callable[[Diagnosis, float], Proposal | None] | None,
-                 enabled: bool,
-                 gain_needed: Callable[[Diagnosis], float] | None = None,
-                 on_proposal: Callable[[Diagnosis, Proposal], bool] | None = None) -> None:
+    def __init__(self, monitor: FleetMonitor, targets: WatchTargets, enabled: bool,
+                 can_propose: Callable[[Diagnosis, float], Proposal | None] | None = None,
+                 gain_needed: Callable[[Diagnosis], float] | None = None) -> None:
         self.monitor = monitor
-        self.caps = caps
-        self.plan = plan
-        self.time_scale = time_scale
-        self.window_s = window_s
-        self.target = target_tok_s_per_gpu
-        self.baseline = baseline_tok_s_per_gpu
+        self.caps = targets.caps
+        self.plan = targets.plan
+        self.time_scale = targets.time_scale
+        self.window_s = targets.window_s
+        self.target = targets.target_tok_s_per_gpu
+        self.baseline = targets.baseline_tok_s_per_gpu
         self.can_propose = can_propose  # (diagnosis, least gain) -> Proposal | None
         self.enabled = enabled
         self.gain_needed = gain_needed  # diagnosis -> least predicted gain worth a restart
         # (diagnosis, proposal) -> True when it was handled without stopping the fleet (a
-        # canary cycle); False: stop the epoch for a whole-fleet restart.
-        self.on_proposal = on_proposal
+        # canary cycle, or advice); False: stop the epoch for a whole-fleet restart.
+        self.on_proposal: Callable[[Diagnosis, Proposal], bool] | None = None
         # diagnosis -> True when the slow servers of an asymmetric fleet were restarted
-        # alone (flows/rollout.py: asymmetry_handler)
+        # alone (tasks/tuning/repair.py)
         self.on_asymmetric: Callable[[Diagnosis], bool] | None = None
-        # () -> True when servers whose process was gone were started again (flows/repair.py:
-        # relaunch_handler); looked at on every check, with tuning on or off.
+        # () -> True when servers whose process was gone were started again
+        # (tasks/tuning/repair.py); looked at on every check, with tuning on or off.
         self.on_dead: Callable[[], bool] | None = None
         # Servers the job does not own (engine=external): a reason is reported, never acted
         # on — the epoch is not stopped for a fleet restart nobody can carry out.

@@ -13,11 +13,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from fleet_model import ModeledFleet, run_modeled
 
 from infra.sglang.flags import ServerFlags
+from infra.sglang.hardware import Hardware
 from infra.sglang.profiles import gpu_profile, model_profile
 from infra.sglang.versions import parse_version
 from infra.sim.predict import Workload
 from infra.sim.replay import replay_requests
-from tests.modeled import Hardware
 
 HW = Hardware(model_profile("Qwen/Qwen3.6-27B"), gpu_profile("b200"), parse_version("main"))
 FLAGS = ServerFlags(mamba_strategy="no_buffer")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from flows.job import RunTotals
 from infra.input_lengths import InputLengths, sample_lengths
+from tasks.totals import RunTotals
 
 
 def write_rows(path: Path, rows: list[dict[str, object]]) -> Path:

@@ -20,13 +20,14 @@ import pytest
 
 from infra.sglang.flag_parser import parse_server_flags
 from infra.sglang.flags import ServerFlags
+from infra.sglang.hardware import Hardware
 from infra.sglang.profiles import gpu_profile, model_profile
 from infra.sglang.versions import parse_version
 from infra.sim.predict import Workload
 from tasks.monitor import Sample
 from tasks.tuning.canary import MIN_JUDGE_WINDOWS
 from tasks.tuning.judge import group_rates
-from tests.modeled import Hardware, ModeledServer, first_verdict, sampled_server
+from tests.modeled import ModeledServer, first_verdict, sampled_server
 
 MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "models" / "qwen3.6-27b-text"
 WINDOW = 20.0

@@ -5,20 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from infra.sglang.flags import ServerFlags
+from infra.sglang.hardware import Hardware
 from infra.sglang.memory import plan_memory
-from infra.sglang.planner import Demand
 from infra.sglang.profiles import gpu_profile, model_profile
 from infra.sglang.versions import parse_version
 from tasks.monitor import Sample
-from tasks.tuning.decide import decide_next
+from tasks.tuning.decide import EpochReport, decide_next
 from tasks.tuning.diagnosis import Diagnosis, ServerWindow, diagnose, pools_from_caps, window_stats
 from tasks.tuning.ledger import LedgerEntry, TuningLedger, config_key
-from tasks.tuning.policy import propose
+from tasks.tuning.policy import Search, propose
 from tasks.tuning.watch import WatchResult
 
 FP8 = model_profile("qwen3.6-27b-fp8")
 RTX = gpu_profile("rtx-pro-6000")
 V = parse_version("0.5.23")
+HW = Hardware(FP8, RTX, V)
 EB = ServerFlags(mamba_strategy="extra_buffer")
 EB_PLAN = plan_memory(FP8, RTX, EB, V)
 
@@ -81,7 +82,7 @@ def test_window_rate_is_committed_tokens_not_the_decode_only_gauge() -> None:
 
 def test_policy_moves_a_mamba_bound_fleet_to_no_buffer_or_more_mamba() -> None:
     diag = Diagnosis("mamba-bound", "", 500.0)
-    p = propose(diag, EB, 32, FP8, RTX, V, tried=set())
+    p = propose(diag, EB, 32, Search(HW))
     assert p is not None
     assert p.flags.mamba_strategy == "no_buffer" or (p.flags.mamba_full_memory_ratio or 0) > 0.9
     assert p.concurrency is None  # cap + queue_target
@@ -90,10 +91,10 @@ def test_policy_moves_a_mamba_bound_fleet_to_no_buffer_or_more_mamba() -> None:
 
 def test_policy_never_repeats_and_respects_the_mem_ceiling() -> None:
     diag = Diagnosis("mamba-bound", "", 500.0)
-    first = propose(diag, EB, 32, FP8, RTX, V, tried=set())
+    first = propose(diag, EB, 32, Search(HW))
     assert first is not None
-    second = propose(diag, EB, 32, FP8, RTX, V, tried={config_key(first.flags, None)},
-                     mem_ceiling=0.85)
+    second = propose(diag, EB, 32, Search(HW, tried=frozenset({config_key(first.flags, None)}),
+                                         mem_ceiling=0.85))
     assert second is not None and second.flags != first.flags
     assert (second.flags.mem_fraction_static or 0.0) <= 0.85
 
@@ -103,14 +104,14 @@ def test_policy_keeps_mtp() -> None:
     flags = ServerFlags(mamba_strategy="extra_buffer", max_mamba_cache_size=80,
                         speculative_algorithm="EAGLE", speculative_num_steps=3,
                         speculative_eagle_topk=1)
-    p = propose(Diagnosis("mamba-bound", "", 2000.0), flags, 64, qwen, b200,
-                parse_version("main"), tried=set())
+    p = propose(Diagnosis("mamba-bound", "", 2000.0), flags, 64,
+                Search(Hardware(qwen, b200, parse_version("main"))))
     assert p is not None and p.flags.speculative_algorithm == "EAGLE"
 
 
 def test_client_bound_with_auto_concurrency_proposes_nothing() -> None:
-    assert propose(Diagnosis("client-bound", "", 1.0), EB, None, FP8, RTX, V, set()) is None
-    p = propose(Diagnosis("client-bound", "", 1.0), EB, 8, FP8, RTX, V, set())
+    assert propose(Diagnosis("client-bound", "", 1.0), EB, None, Search(HW)) is None
+    p = propose(Diagnosis("client-bound", "", 1.0), EB, 8, Search(HW))
     assert p is not None and p.flags == EB and p.concurrency is None
 
 
@@ -119,8 +120,8 @@ def test_oom_lowers_the_ceiling_and_rolls_back_to_the_best(tmp_path: Path) -> No
     ledger.record(LedgerEntry(1, EB.model_dump(mode="json"), config_key(EB, 32), 32,
                               "measured", 500.0, None, "", 0.0))
     bad = EB.with_changes(mamba_strategy="no_buffer", mem_fraction_static=0.9)
-    nxt, ceiling = decide_next(None, "torch.OutOfMemoryError: CUDA out of memory", 2, bad,
-                               None, ledger, FP8, RTX, V, 0.95, 1.2, Demand())
+    report = EpochReport(2, bad, None, None, "torch.OutOfMemoryError: CUDA out of memory")
+    nxt, ceiling = decide_next(report, ledger, Search(HW, min_gain=1.2), 0.95)
     assert nxt is not None and nxt.flags == EB and nxt.concurrency == 32
     assert EB_PLAN.mem_fraction_static < ceiling < 0.9
     assert [e.outcome for e in ledger.entries()] == ["measured", "failed"]
@@ -132,7 +133,8 @@ def test_rollback_returns_to_the_best_config(tmp_path: Path) -> None:
                               "measured", 900.0, None, "", 0.0))
     worse = EB.with_changes(mamba_ssm_dtype="bfloat16")
     result = WatchResult(True, "rollback: slower", Diagnosis("mamba-bound", "", 400.0), 400.0)
-    nxt, _ = decide_next(result, None, 2, worse, None, ledger, FP8, RTX, V, 0.95, 1.2, Demand())
+    nxt, _ = decide_next(EpochReport(2, worse, None, result), ledger, Search(HW, min_gain=1.2),
+                         0.95)
     assert nxt is not None and nxt.flags == EB
 
 
@@ -146,7 +148,7 @@ def test_policy_does_not_change_numerics_unless_allowed() -> None:
     diag = Diagnosis("mamba-bound", "", 500.0)
     tried: set[str] = set()
     for _ in range(6):  # walk the policy's choices: none may touch the SSM or KV dtype
-        p = propose(diag, EB, 32, FP8, RTX, V, tried)
+        p = propose(diag, EB, 32, Search(HW, tried=frozenset(tried)))
         if p is None:
             break
         assert p.flags.mamba_ssm_dtype is None and p.flags.kv_cache_dtype == "auto"
@@ -154,8 +156,8 @@ def test_policy_does_not_change_numerics_unless_allowed() -> None:
     # from the best lossless split of this GPU (the policy's own pick), only numerics remain
     lossy = propose(diag, EB.with_changes(mamba_strategy="no_buffer",
                                           mem_fraction_static=0.95,
-                                          mamba_full_memory_ratio=5.4),
-                    None, FP8, RTX, V, set(), allow_lossy=True)
+                                          mamba_full_memory_ratio=5.4), None,
+                    Search(HW, allow_lossy=True))
     assert lossy is not None and lossy.flags.mamba_ssm_dtype == "bfloat16"
 
 
@@ -196,7 +198,7 @@ def test_watch_asks_for_the_gain_the_work_left_justifies() -> None:
     from tasks.monitor import FleetMonitor
     from tasks.tuning.diagnosis import Diagnosis
     from tasks.tuning.policy import Proposal
-    from tasks.tuning.watch import RegressionWatch
+    from tasks.tuning.watch import RegressionWatch, WatchTargets
 
     asked: list[float] = []
 
@@ -206,8 +208,9 @@ def test_watch_asks_for_the_gain_the_work_left_justifies() -> None:
 
     mamba = Diagnosis("mamba-bound", "mamba 0.61, kv 0.20", 500.0)
     need = {"gain": 1.3}
-    watch = RegressionWatch(FleetMonitor(1.0, None), {"server-0": 32}, None, 1.0, 4.0, None,
-                            None, can_propose, True, lambda d: need["gain"])
+    watch = RegressionWatch(FleetMonitor(1.0, None), WatchTargets({"server-0": 32}, None,
+                                                                  window_s=4.0),
+                            True, can_propose, lambda d: need["gain"])
     assert watch._reason(mamba) == "" and asked == []  # no span with a turnover yet: a wave
     assert "turn its batch over" in watch.result.last_check
     watch._turned_over = True  # what _measure sets once every server turned over
@@ -218,8 +221,9 @@ def test_watch_asks_for_the_gain_the_work_left_justifies() -> None:
     # A rollback is a restart too: not worth it when the best config is barely faster.
     slow = Diagnosis("compute-bound", "", 900.0)
     need["gain"] = 1.2
-    watch = RegressionWatch(FleetMonitor(1.0, None), {"server-0": 32}, None, 1.0, 4.0, None,
-                            1000.0, can_propose, True, lambda d: need["gain"])
+    watch = RegressionWatch(FleetMonitor(1.0, None), WatchTargets(
+        {"server-0": 32}, None, window_s=4.0, baseline_tok_s_per_gpu=1000.0),
+        True, can_propose, lambda d: need["gain"])
     watch._turned_over = True
     assert watch._reason(slow) == "" and watch._reason(slow) == ""
     need["gain"] = 1.05

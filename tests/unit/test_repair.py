@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tasks.tuning.diagnosis import Diagnosis, ServerWindow, slow_servers
-from tasks.tuning.watch import RegressionWatch
+from tasks.tuning.watch import RegressionWatch, WatchTargets
 
 
 def window(name: str, tok: float) -> ServerWindow:
@@ -25,7 +25,7 @@ class _Monitor:
 def test_the_watch_asks_only_when_one_server_stays_slow_for_two_windows() -> None:
     """Window 4 s, a check a second: 8 checks in a row. A fleet whose slow server changes
     from check to check (staggered restarts, waves of long requests) is never repaired."""
-    watch = RegressionWatch(_Monitor(), {}, None, 1.0, 4.0, None, None, None,  # type: ignore[arg-type]
+    watch = RegressionWatch(_Monitor(), WatchTargets({}, None, window_s=4.0),  # type: ignore[arg-type]
                             enabled=True)
     asked: list[Diagnosis] = []
 

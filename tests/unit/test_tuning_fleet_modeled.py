@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from fleet_model import ModeledFleet, run_modeled
 
 from infra.sglang.flags import ServerFlags
+from infra.sglang.hardware import Hardware
 from infra.sglang.memory import plan_memory
 from infra.sglang.profiles import gpu_profile, model_profile
 from infra.sglang.versions import parse_version
@@ -32,7 +33,6 @@ from tasks.monitor import Sample
 from tasks.tuning.canary import MIN_JUDGE_WINDOWS, min_fleet_fraction
 from tasks.tuning.diagnosis import diagnose, slow_servers, window_stats
 from tasks.tuning.judge import Verdict, judge
-from tests.modeled import Hardware
 
 HW = Hardware(model_profile("qwen3.6-27b-fp8"), gpu_profile("rtx-pro-6000"),
               parse_version("0.5.23"))

@@ -17,6 +17,7 @@ from functools import cache
 
 from infra.settings import JobSettings, load_settings
 from infra.sglang.flags import ServerFlags
+from infra.sglang.hardware import Hardware
 from infra.sglang.memory import plan_memory
 from infra.sglang.profiles import gpu_profile, model_profile
 from infra.sglang.versions import parse_version
@@ -27,8 +28,8 @@ from tasks.rolling import Replaced
 from tasks.tuning.canary import CanaryRun
 from tasks.tuning.diagnosis import Diagnosis, diagnose, window_stats
 from tasks.tuning.ledger import config_key
-from tasks.tuning.policy import Proposal, propose
-from tests.modeled import Hardware, ModeledServer, first_verdict, sampled_fleet
+from tasks.tuning.policy import Proposal, Search, propose
+from tests.modeled import ModeledServer, first_verdict, sampled_fleet
 
 HW = Hardware(model_profile("Qwen/Qwen3.6-27B"), gpu_profile("b200"), parse_version("main"))
 START = ServerFlags(mamba_strategy="extra_buffer", max_mamba_cache_size=80,
@@ -57,8 +58,8 @@ def diagnosis() -> Diagnosis:
 
 @cache
 def move() -> Proposal:
-    proposal = propose(diagnosis(), START, CLIENT, HW.model, HW.gpu, HW.version,
-                       tried={config_key(START, CLIENT)})
+    proposal = propose(diagnosis(), START, CLIENT,
+                       Search(HW, tried=frozenset({config_key(START, CLIENT)})))
     assert proposal is not None, diagnosis()
     return proposal
 

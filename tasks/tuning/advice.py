@@ -12,31 +12,28 @@ artifact in the Prefect UI. One piece of advice per run: the watch stops proposi
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prefect.artifacts import create_markdown_artifact
 
+from infra.settings import JobSettings
 from infra.sglang.launch import server_args
 from tasks.servers import model_is_hybrid, resolve_version
 from tasks.tuning.diagnosis import Diagnosis
 from tasks.tuning.policy import Proposal
+from tasks.tuning.state import TunerState
 from tasks.tuning.watch import RegressionWatch
 
-if TYPE_CHECKING:  # (flows.epoch imports this module)
-    from flows.epoch import JobContext
-    from flows.rollout import LiveConfig
 
-
-def launch_flags(live: LiveConfig, proposal: Proposal) -> str:
+def launch_flags(settings: JobSettings, proposal: Proposal) -> str:
     """The SGLang flags of the proposed configuration, as one would paste them after
     `python -m sglang.launch_server --model-path M --host H --port P`."""
-    settings = live.settings
     argv = server_args(proposal.flags, resolve_version(settings), model=settings.model,
                        host="-", port=0, api_key=None, hybrid=model_is_hybrid(settings))
     return " ".join(argv[6:])  # after --model-path, --host and --port
 
 
-def advice_record(live: LiveConfig, diag: Diagnosis, proposal: Proposal) -> dict[str, Any]:
+def advice_record(settings: JobSettings, diag: Diagnosis, proposal: Proposal) -> dict[str, Any]:
     return {
         "diagnosis": diag.kind, "evidence": diag.evidence,
         "measured_tok_s_per_gpu": round(diag.tok_s_per_gpu, 1),
@@ -44,26 +41,26 @@ def advice_record(live: LiveConfig, diag: Diagnosis, proposal: Proposal) -> dict
                                     if proposal.predicted_tok_s_per_gpu is not None else None),
         "predicted_gain": (round(proposal.predicted_gain, 3)
                            if proposal.predicted_gain is not None else None),
-        "launch_flags": launch_flags(live, proposal),
+        "launch_flags": launch_flags(settings, proposal),
         "client_concurrency_per_server": proposal.concurrency,
         "flags": proposal.flags.model_dump(exclude_none=True, exclude={"extra_args"}),
         "reason": proposal.reason,
     }
 
 
-def advice_handler(live: LiveConfig, ctx: JobContext,
-                   watch: Callable[[], RegressionWatch]) -> Callable[[Diagnosis, Proposal], bool]:
+def advice_handler(state: TunerState,
+                   watch: RegressionWatch) -> Callable[[Diagnosis, Proposal], bool]:
     """The watch's `on_proposal` for servers the job does not own: write the move down."""
 
     def handle(diag: Diagnosis, proposal: Proposal) -> bool:
-        record = advice_record(live, diag, proposal)
-        ctx.totals.advice.append(record)
-        ctx.logger.warning("advice (engine=external: these servers are not restarted by this "
-                           "job): relaunch them with %s — %s", record["launch_flags"],
-                           proposal.reason)
+        record = advice_record(state.settings, diag, proposal)
+        state.advice.append(record)
+        state.logger.warning("advice (engine=external: these servers are not restarted by "
+                             "this job): relaunch them with %s — %s", record["launch_flags"],
+                             proposal.reason)
         create_markdown_artifact(advice_markdown(record), key="tuning-advice",
                                  description="what to relaunch the external servers with")
-        watch().enabled = False
+        watch.enabled = False
         return True
 
     return handle

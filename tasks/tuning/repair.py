@@ -20,81 +20,87 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from flows.job import Cycle, Hardware, cycles_artifact
-from flows.rollout import LiveConfig
 from tasks.health import ServerStartFailed, StartAborted, log_tail
 from tasks.rolling import RollingFleet
+from tasks.tuning.cycles import Cycle
 from tasks.tuning.diagnosis import Diagnosis, slow_servers
 from tasks.tuning.ledger import config_key
+from tasks.tuning.state import TunerState
+from tasks.tuning.watch import RegressionWatch
 
-if TYPE_CHECKING:
-    from flows.epoch import JobContext, TunerState
-    from tasks.tuning.watch import RegressionWatch
 
-def asymmetry_handler(live: LiveConfig, fleet: RollingFleet, ctx: JobContext,
-                      tuner: TunerState, hw: Hardware, epoch: int,
-                      watch: Callable[[], RegressionWatch]) -> Callable[[Diagnosis], bool]:
+def asymmetry_handler(state: TunerState, fleet: RollingFleet, epoch: int,
+                      watch: RegressionWatch) -> Callable[[Diagnosis], bool]:
     """The watch's `on_asymmetric`: restart each slow server alone (once), record it."""
 
     told: set[str] = set()
 
     def handle(diag: Diagnosis) -> bool:
-        settled = 2 * live.settings.tuning.window_s
+        settled = 2 * state.settings.tuning.window_s
         if time.monotonic() - fleet.last_join < settled:
             return False  # a server (re)joined recently: the fleet is not in steady state
         slow = slow_servers(diag)
-        todo = [s for s in slow if s[0] not in tuner.restarted_alone]
+        todo = [s for s in slow if s[0] not in state.restarted_alone]
         for name in {s[0] for s in slow} - {s[0] for s in todo} - told:
             told.add(name)
-            ctx.logger.warning("%s is still slow after a restart of its own: the GPU itself "
-                               "(check nvidia-smi and that server's log); left as it is", name)
+            state.logger.warning("%s is still slow after a restart of its own: the GPU "
+                                 "itself (check nvidia-smi and that server's log); left as "
+                                 "it is", name)
         for name, tok_s, median in todo:
-            tuner.restarted_alone.add(name)
-            restart_alone(name, tok_s, median, live, fleet, ctx, epoch)
+            state.restarted_alone.add(name)
+            restart_alone(SlowServer(name, tok_s, median), state, fleet, epoch)
         if not todo:
             return False
-        caps = {f"server-{c.index}": c.max_running_requests for c in fleet.capacities()}
-        ctx.totals.capacities = fleet.capacities()
-        w = watch()
-        w.reconfigured(caps, hw.plan(live.settings), w.baseline)
+        caps = state.capacities_changed(epoch, fleet.capacities())
+        watch.reconfigured(caps, state.plan(), watch.baseline)
         return True
 
     return handle
 
 
-def restart_alone(name: str, tok_s: float, median: float, live: LiveConfig,
-                  fleet: RollingFleet, ctx: JobContext, epoch: int) -> None:
-    settings = live.settings
-    index = int(name.rsplit("-", 1)[1])
-    why = (f"{name} ran {tok_s:,.0f} tok/s per GPU against a median of {median:,.0f}: "
-           "restarted alone on the same config")
-    ctx.logger.warning("asymmetric fleet: %s", why)
+@dataclass(frozen=True)
+class SlowServer:
+    """A server of an asymmetric fleet: its rate and the fleet's median (tok/s per GPU)."""
+
+    name: str
+    tok_s: float
+    median: float
+
+    @property
+    def index(self) -> int:
+        return int(self.name.rsplit("-", 1)[1])
+
+
+def restart_alone(slow: SlowServer, state: TunerState, fleet: RollingFleet,
+                  epoch: int) -> None:
+    settings = state.settings
+    why = (f"{slow.name} ran {slow.tok_s:,.0f} tok/s per GPU against a median of "
+           f"{slow.median:,.0f}: restarted alone on the same config")
+    state.logger.warning("asymmetric fleet: %s", why)
     try:
-        replaced = fleet.replace(index, settings, tag="restart", force=True)
+        replaced = fleet.replace(slow.index, settings, tag="restart", force=True)
     except ServerStartFailed as exc:
-        ctx.logger.error("%s did not come back (%s); the others go on without it", name,
-                         str(exc).splitlines()[0][:200])
+        state.logger.error("%s did not come back (%s); the others go on without it",
+                           slow.name, str(exc).splitlines()[0][:200])
         return
     concurrency = settings.client.concurrency_per_server
-    ctx.totals.cycles.append(Cycle(
-        epoch=epoch, measured_tok_s_per_gpu=round(tok_s, 1), diagnosis="asymmetric",
+    state.record_cycle(Cycle(
+        epoch=epoch, measured_tok_s_per_gpu=round(slow.tok_s, 1), diagnosis="asymmetric",
         reason=f"{why}; healthy after {replaced.startup_s:.0f} s, cap "
                f"{replaced.capacity.max_running_requests}",
         old=config_key(settings.server, concurrency),
         new_flags=settings.server.model_dump(exclude_none=True, exclude={"extra_args"}),
         new_concurrency=concurrency, cycle_seconds=round(replaced.out_s, 2),
         kind="restart-one"))
-    cycles_artifact(ctx.totals.cycles)
 
 
 MAX_RELAUNCHES = 2  # per server per job: one that keeps dying is left down, and said so
 
 
-def relaunch_handler(live: LiveConfig, fleet: RollingFleet, ctx: JobContext,
-                     tuner: TunerState, hw: Hardware, epoch: int,
-                     watch: Callable[[], RegressionWatch]) -> Callable[[], bool]:
+def relaunch_handler(state: TunerState, fleet: RollingFleet, epoch: int,
+                     watch: RegressionWatch) -> Callable[[], bool]:
     """The watch's `on_dead`: start each server whose process is gone again, alone."""
 
     told: set[str] = set()
@@ -103,42 +109,39 @@ def relaunch_handler(live: LiveConfig, fleet: RollingFleet, ctx: JobContext,
         relaunched = False
         for index in fleet.dead():
             name = f"server-{index}"
-            if tuner.relaunched.get(name, 0) >= MAX_RELAUNCHES:
+            if state.relaunched.get(name, 0) >= MAX_RELAUNCHES:
                 if name not in told:
                     told.add(name)
-                    ctx.logger.error("%s died again after %d relaunches; left down, the "
-                                     "others go on (its log: %s)", name, MAX_RELAUNCHES,
-                                     fleet.handle(index).log_path)
+                    state.logger.error("%s died again after %d relaunches; left down, the "
+                                       "others go on (its log: %s)", name, MAX_RELAUNCHES,
+                                       fleet.handle(index).log_path)
                 continue
-            tuner.relaunched[name] = tuner.relaunched.get(name, 0) + 1
-            relaunched |= relaunch(index, live, fleet, ctx, epoch)
+            state.relaunched[name] = state.relaunched.get(name, 0) + 1
+            relaunched |= relaunch(index, state, fleet, epoch)
         if relaunched:
-            ctx.totals.capacities = fleet.capacities()
-            w = watch()
-            w.reconfigured({f"server-{c.index}": c.max_running_requests
-                            for c in fleet.capacities()}, hw.plan(live.settings), w.baseline)
+            caps = state.capacities_changed(epoch, fleet.capacities())
+            watch.reconfigured(caps, state.plan(), watch.baseline)
         return relaunched
 
     return handle
 
 
-def relaunch(index: int, live: LiveConfig, fleet: RollingFleet, ctx: JobContext,
-             epoch: int) -> bool:
+def relaunch(index: int, state: TunerState, fleet: RollingFleet, epoch: int) -> bool:
     """Start dead server `index` again with the fleet's config; True when it came back."""
-    settings = live.settings
+    settings = state.settings
     handle = fleet.handle(index)
     why = f"server-{index}'s process is gone ({last_line(handle.log_path)})"
-    ctx.logger.warning("%s: relaunched alone on the same config", why)
+    state.logger.warning("%s: relaunched alone on the same config", why)
     try:
         replaced = fleet.replace(index, settings, tag="relaunch", force=True)
     except StartAborted:
         return False  # the epoch is ending
     except ServerStartFailed as exc:
-        ctx.logger.error("server-%d did not come back (%s); the others go on without it", index,
-                         str(exc).splitlines()[0][:200])
+        state.logger.error("server-%d did not come back (%s); the others go on without it",
+                           index, str(exc).splitlines()[0][:200])
         return False
     concurrency = settings.client.concurrency_per_server
-    ctx.totals.cycles.append(Cycle(
+    state.record_cycle(Cycle(
         epoch=epoch, measured_tok_s_per_gpu=None, diagnosis="unhealthy",
         reason=f"{why}; healthy again after {replaced.startup_s:.0f} s, cap "
                f"{replaced.capacity.max_running_requests}, {replaced.failed_over} request(s) "
@@ -146,7 +149,6 @@ def relaunch(index: int, live: LiveConfig, fleet: RollingFleet, ctx: JobContext,
         old=config_key(settings.server, concurrency),
         new_flags=settings.server.model_dump(exclude_none=True, exclude={"extra_args"}),
         new_concurrency=concurrency, cycle_seconds=round(replaced.out_s, 2), kind="relaunch"))
-    cycles_artifact(ctx.totals.cycles)
     return True
 
 

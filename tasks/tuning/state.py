@@ -1,0 +1,59 @@
+"""What the tuner knows and has changed over a run, in one record with one owner
+(tasks/tuning/tuner.py): the configuration the fleet runs now, the hardware it reasons about,
+the tuning ledger, every cycle, the measured capacities, the advice written for servers it
+may not restart. The handlers of a cycle (rollout, repair, advice) receive it and change it
+through the few methods below; nothing else writes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from infra.settings import JobSettings
+from infra.sglang.hardware import Hardware
+from infra.sglang.memory import MemoryPlan
+from infra.sglang.planner import MAX_MEM_FRACTION
+from tasks.capacity import Capacity
+from tasks.monitor import FleetMonitor
+from tasks.totals import RunTotals
+from tasks.tuning.cycles import Cycle, cycles_artifact
+from tasks.tuning.ledger import TuningLedger
+
+
+@dataclass
+class TunerState:
+    settings: JobSettings  # the configuration the fleet runs now (a rollout changes it)
+    ledger: TuningLedger
+    monitor: FleetMonitor
+    totals: RunTotals  # what the commits say about the workload
+    logger: Any
+    time_scale: float  # modeled GPU seconds per wall second (1 on a real GPU)
+    hardware: Hardware | None = None  # None: model, GPU or version unknown — no moves
+    mem_ceiling: float = MAX_MEM_FRACTION  # lowered after an out-of-memory start
+    restarts: int = 0
+    predicted_tok_s_per_gpu: float | None = None  # the model's figure for the running config
+    restarted_alone: set[str] = field(default_factory=set)  # slow servers restarted once
+    relaunched: dict[str, int] = field(default_factory=dict)  # dead servers started again
+    cycles: list[Cycle] = field(default_factory=list)
+    capacities: list[Capacity] = field(default_factory=list)  # the servers' own figures now
+    caps_by_epoch: dict[int, dict[str, int]] = field(default_factory=dict)  # for the report
+    advice: list[dict[str, Any]] = field(default_factory=list)  # engine=external
+
+    def record_cycle(self, cycle: Cycle) -> None:
+        """Keep it, and rewrite the tuning-ledger artifact with it."""
+        self.cycles.append(cycle)
+        cycles_artifact(self.cycles)
+
+    def capacities_changed(self, epoch: int, capacities: list[Capacity]) -> dict[str, int]:
+        """The fleet's caps after a start, rollout, restart or relaunch (by server name)."""
+        self.capacities = capacities
+        caps = {f"server-{c.index}": c.max_running_requests for c in capacities}
+        self.caps_by_epoch[epoch] = caps
+        return caps
+
+    def plan(self, settings: JobSettings | None = None) -> MemoryPlan | None:
+        """The memory model's view of these (else the running) flags; None without it."""
+        if self.hardware is None:
+            return None
+        return self.hardware.plan_or_none((settings or self.settings).server)
