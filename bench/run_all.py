@@ -88,10 +88,11 @@ def pipeline_run(servers: int, time_scale: float, prompts: int) -> PipelineResul
     so it is not quantized by shard commits."""
     from infra.settings import load_settings
     from infra.sim.text import count_prompt_tokens
-    from tasks.capacity import measure_fleet
+    from tasks.capacity import measure_one
+    from tasks.engines import engine_for
     from tasks.health import wait_until_healthy
-    from tasks.monitor import FleetMonitor
-    from tasks.servers import build_launch_specs, launch_fleet, registry_for, stop_fleet
+    from tasks.local_servers import launch_fleet, registry_for, stop_fleet
+    from tasks.monitor import FleetMonitor, SGLangMetrics
     from tasks.shards import generate_pending, prepare_job
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -108,11 +109,12 @@ def pipeline_run(servers: int, time_scale: float, prompts: int) -> PipelineResul
                                      "sampling.max_new_tokens": MAX_NEW})
         out = Path(settings.output)
         state = prepare_job(src, out, settings.shard_size)
-        handles = launch_fleet(build_launch_specs(settings, out), registry_for(out), "b", 5.0)
-        monitor = FleetMonitor(1.0, None)
+        handles = launch_fleet(engine_for(settings).launch_specs(settings, out), registry_for(out),
+                               "b", 5.0)
+        monitor = FleetMonitor(1.0, None, SGLangMetrics())
         try:
             wait_until_healthy(handles, None, 120.0)
-            caps = measure_fleet(handles, None)
+            caps = [measure_one(h, None) for h in handles]
             monitor.watch({f"server-{h.index}": h.url for h in handles}, 0)
             monitor.sample_now()
             monitor.start()

@@ -180,7 +180,7 @@ class Job:
 
     async def _canary(self, proposal: Proposal, window: float) -> None:
         canary, old, old_clients = self.names[0], self.current, self.fleet.clients
-        # the candidate carries its client concurrency (flows/rollout.py: None, the cap + 4)
+        # the candidate carries its client concurrency (tasks/tuning/rollout.py: None, the cap + 4)
         await self._restart(canary, proposal.flags, proposal.concurrency)
         since = self.fleet.now()
         verdict = None

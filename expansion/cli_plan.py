@@ -192,7 +192,7 @@ def diagnose(
     from infra.sglang.client import ServerAnswerError, get_server_info
     from infra.sglang.observe import parse_log
     from infra.sglang.server_info import parse_server_info
-    from tasks.monitor import Sample, sample_server
+    from tasks.monitor import Sample, SGLangMetrics, sample_server
     from tasks.tuning.diagnosis import PoolView, pools_from_caps, samples_from_log, window_stats
     from tasks.tuning.diagnosis import diagnose as run_diagnosis
 
@@ -240,7 +240,7 @@ def diagnose(
                  "host and port right?")
         t0 = time.monotonic()
         while time.monotonic() - t0 < seconds:
-            samples += [sample_server(n, u, api_key, time.monotonic() - t0, 1)
+            samples += [sample_server(n, u, api_key, time.monotonic() - t0, 1, SGLangMetrics())
                         for n, u in names.items()]
             time.sleep(1.0)
     else:

@@ -125,8 +125,8 @@ def _run_now(settings: Any, config_file: str | None, overrides: dict[str, Any]) 
     from infra.prefect_api import use_temporary_api
     from infra.prefect_runs import crash_vanished_runs, process_tag
     from infra.prompts import InputError
-    from tasks.engines import LaunchError
     from tasks.health import ServerStartFailed
+    from tasks.local_servers import LaunchError
 
     # The flow's own parameters show in the Prefect UI; the rest are overrides.
     top = {k: overrides.pop(k) for k in ("prompts", "output", "engine", "gpus", "model")
@@ -237,15 +237,16 @@ def _manifest_progress(output: Path) -> Iterator[None]:
 
 
 def _print_launch_commands(settings: Any) -> None:
-    from tasks.engines import LaunchError
-    from tasks.servers import build_launch_specs
+    from tasks.engines import engine_for
+    from tasks.local_servers import LaunchError
 
-    if settings.engine == "external":
+    engine = engine_for(settings)
+    if not engine.owns_servers:
         print(f"# engine=external: no server is started; the job uses {len(settings.server_urls)}"
               f" running server(s): {', '.join(settings.server_urls)}")
         return
     try:
-        specs = build_launch_specs(settings, settings.local_output())
+        specs = engine.launch_specs(settings, settings.local_output())
     except (ValueError, LaunchError) as exc:
         fail(str(exc))
         return

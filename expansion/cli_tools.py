@@ -24,8 +24,8 @@ def sim(
 ) -> None:
     """Start a simulated SGLang fleet for manual use; print its URLs; Ctrl-C stops it."""
     from infra.settings import SettingsError, load_settings
-    from tasks.health import ServerStartFailed, wait_until_healthy
-    from tasks.servers import build_launch_specs, launch_fleet, registry_for, stop_fleet
+    from tasks.engines import engine_for
+    from tasks.health import ServerStartFailed
 
     try:
         settings = load_settings(None, engine="sim", gpus=parse_gpus(gpus), model=model,
@@ -34,8 +34,8 @@ def sim(
         fail(str(exc))
         return
     out = output.resolve()
-    specs = build_launch_specs(settings, out)
-    handles = launch_fleet(specs, registry_for(out), settings.server.fingerprint())
+    engine = engine_for(settings)
+    handles = engine.start(settings, out, 1)
     stopping = False
 
     def _stop(*_: Any) -> None:
@@ -44,7 +44,7 @@ def sim(
 
     signal.signal(signal.SIGTERM, _stop)
     try:
-        wait_until_healthy(handles, None, settings.startup_timeout_s)
+        engine.wait_healthy(handles, settings)
         for h in handles:
             console.print(f"{h.url}  (GPU {h.gpu}, log {h.log_path})")
         console.print("Ctrl-C to stop.")
@@ -55,7 +55,7 @@ def sim(
     except KeyboardInterrupt:
         pass
     finally:
-        stop_fleet(handles, registry_for(out), settings.stop_grace_s)
+        engine.stop(handles, out, settings)
 
 
 @app.command("setup-prefect")

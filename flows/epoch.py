@@ -7,7 +7,6 @@ start, and what the watch saw. The tuner (tasks/tuning/tuner.py) owns the config
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,13 +14,12 @@ from typing import Any
 
 from flows.job import Progress, capacity_artifact
 from infra.storage import Destination
-from tasks.capacity import capacity_note, measure_capacity
-from tasks.engines import engine_for
-from tasks.fleet_control import FleetControl
-from tasks.health import ServerStartFailed, wait_healthy
+from tasks.capacity import capacity_note
+from tasks.health import ServerStartFailed
+from tasks.local_servers import ServerHandle
 from tasks.monitor import FleetMonitor
 from tasks.rolling import RollingFleet
-from tasks.servers import ServerHandle, launch_servers, stop_servers
+from tasks.servers import launch_servers, measure_capacity, stop_servers, wait_healthy
 from tasks.shards import JobState, generate_shards
 from tasks.totals import RunTotals
 from tasks.tuning.tuner import Tuner, WorkLeft
@@ -57,11 +55,9 @@ def run_epoch(state: JobState, ctx: JobContext, tuner: Tuner, epoch: int) -> Epo
     fleet: RollingFleet | None = None
     try:
         handles = launch_servers(settings, str(ctx.out), epoch)
-        fleet = RollingFleet(handles, settings, ctx.out, epoch, FleetControl(), ctx.logger,
-                             threading.Event(),
-                             engine_for(settings).checks_gpu_memory_after_stop)
+        fleet = RollingFleet(handles, settings, ctx.out, epoch, ctx.logger)
         try:
-            took = wait_healthy(handles, settings.api_key, settings.startup_timeout_s)
+            took = wait_healthy(handles, settings)
         except ServerStartFailed as exc:
             if epoch == 1:
                 raise  # nothing known to work: the user's config must be fixed
@@ -77,7 +73,7 @@ def run_epoch(state: JobState, ctx: JobContext, tuner: Tuner, epoch: int) -> Epo
 def _serve(state: JobState, ctx: JobContext, tuner: Tuner, epoch: int, fleet: RollingFleet,
            startup_s: float) -> WatchResult:
     settings = tuner.settings
-    caps = measure_capacity(fleet.handles(), settings.api_key)
+    caps = measure_capacity(fleet.handles(), settings)
     fleet.caps = {c.index: c for c in caps}
     capacity_artifact(settings, caps)
     note = capacity_note(tuner.fleet_measured(epoch, caps), caps)
@@ -105,10 +101,8 @@ def _serve(state: JobState, ctx: JobContext, tuner: Tuner, epoch: int, fleet: Ro
 def _stop(ctx: JobContext, tuner: Tuner, handles: list[ServerHandle],
           uploader: ShardUploader | None) -> None:
     settings = tuner.settings
-    engine = engine_for(settings)
-    if handles and engine.owns_servers:
-        report = stop_servers(handles, str(ctx.out), settings.stop_grace_s, settings.api_key,
-                              engine.checks_gpu_memory_after_stop)
+    report = stop_servers(handles, str(ctx.out), settings) if handles else None
+    if report is not None:
         ctx.logger.info("stopped %d servers (SIGKILLed: %s, ports still busy: %s)",
                         report.stopped, report.killed or "none", report.ports_busy or "none")
         if report.gpus_busy:

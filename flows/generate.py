@@ -29,14 +29,8 @@ from infra.prompts import validate_input
 from infra.settings import NULL, JobSettings, load_settings
 from infra.storage import Destination, open_destination
 from tasks.capacity import capacity_note
-from tasks.engines import engine_for
+from tasks.engines import engine_for, model_is_hybrid
 from tasks.monitor import FleetMonitor
-from tasks.servers import (
-    build_launch_specs,
-    model_is_hybrid,
-    registry_for,
-    stop_fleet,
-)
 from tasks.shards import JobState, plan_shards, vocabulary_warning
 from tasks.totals import RunTotals
 from tasks.tuning.ledger import TuningLedger
@@ -75,8 +69,9 @@ def preflight(settings: JobSettings, check_input: bool = True) -> list[str]:
     settings that are likely to hurt)."""
     if check_input:  # the flow skips it: plan_shards validates before any server starts
         validate_input(settings.prompts)
-    specs = build_launch_specs(settings, settings.local_output())
-    engine_for(settings).check_before_start(settings)
+    engine = engine_for(settings)
+    specs = engine.launch_specs(settings, settings.local_output())
+    engine.check_before_start(settings)
     problem = location_problem(settings)
     if problem:
         raise ValueError(problem)
@@ -100,8 +95,8 @@ def _stop_fleet_hook(flow_: Any, flow_run: Any, state: Any) -> None:
         settings = job_settings(**params)
     except Exception:  # a hook must never raise; without settings there is nothing to stop
         return
-    secrets = (settings.api_key.get_secret_value(),) if settings.api_key else ()
-    stop_fleet([], registry_for(job_paths(settings, node)[0]), settings.stop_grace_s, secrets)
+    # (no handles: the engine stops what the output's registry lists, if it owns servers)
+    engine_for(settings).stop([], job_paths(settings, node)[0], settings)
 
 
 def summarize(tuner: Tuner, state: JobState, totals: RunTotals, seconds: float) -> RunSummary:
@@ -174,7 +169,8 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
                     totals.input_lengths.rows_sampled, totals.input_lengths.describe())
     started = time.monotonic()
     monitor = FleetMonitor(settings.tuning.sample_interval_s,
-                           settings.api_key.get_secret_value() if settings.api_key else None)
+                           settings.api_key.get_secret_value() if settings.api_key else None,
+                           engine_for(settings).metrics)
     tuner = Tuner(settings, TuningLedger(out / "tuning.jsonl"), monitor, totals, logger)
     if state.pending:
         monitor.start()

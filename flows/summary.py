@@ -49,7 +49,7 @@ class RunSummary(BaseModel):
     primers: int = 0  # groups whose shared prefix went first to a no_buffer server
     startup_s: float = 0.0  # wall seconds the fleets took to come up (all epochs)
     generating_s: float = 0.0  # wall seconds spent generating (all epochs)
-    advice: list[dict[str, Any]] = []  # engine=external: the moves not made (flows/advice.py)
+    advice: list[dict[str, Any]] = []  # engine=external: moves not made (tasks/tuning/advice.py)
 
 
 def summary_lines(summary: RunSummary | dict[str, Any]) -> list[str]:

@@ -8,14 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-from pydantic import SecretStr
-
 from infra.sglang.client import ServerAnswerError, get_server_info
 from infra.sglang.memory import MemoryPlan
 from infra.sglang.server_info import parse_server_info
-from tasks.servers import ServerHandle
+from tasks.local_servers import ServerHandle
 
 
 @dataclass(frozen=True)
@@ -44,10 +40,6 @@ def measure_one(handle: ServerHandle, api_key: str | None) -> Capacity:
                     handle.config)
 
 
-def measure_fleet(handles: list[ServerHandle], api_key: str | None) -> list[Capacity]:
-    return [measure_one(h, api_key) for h in handles]
-
-
 def client_limit(cap: Capacity, configured: int | None, queue_target: int) -> int:
     """In-flight requests to keep at a server: its running cap plus a small queue."""
     if configured is not None:
@@ -69,9 +61,3 @@ def capacity_note(plan: MemoryPlan | None, capacities: list[Capacity]) -> str:
     if len(caps) > 1:
         note += "; servers differ: one GPU is not like the others"
     return note + "."
-
-
-@task(name="measure_capacity", cache_policy=NO_CACHE, retries=3,
-      retry_delay_seconds=[1, 2, 4])
-def measure_capacity(handles: list[ServerHandle], api_key: SecretStr | None) -> list[Capacity]:
-    return measure_fleet(handles, api_key.get_secret_value() if api_key else None)

@@ -40,10 +40,7 @@ from tasks.hand_back import InFlight
 from tasks.requests import (
     DispatchOptions,
     MalformedAnswer,
-    build_request,
-    error_message,
     output_row,
-    parse_response,
     unsendable,
 )
 from tasks.suspects import SuspectLane, quarantined, server_died
@@ -54,8 +51,6 @@ __all__ = [
     "Dispatcher",
     "Endpoint",
     "FleetDown",
-    "build_request",
-    "parse_response",
 ]
 
 log = logging.getLogger("expansion.dispatch")
@@ -280,7 +275,7 @@ class Dispatcher:
             self._queue.done(item)
             await self._record_error(item, refused)
             return
-        path, body = build_request(item.row, self.opts, item.sample)
+        path, body = self.opts.shapes.build(item.row, self.opts, item.sample)
         started = time.monotonic()
         post = asyncio.ensure_future(self._post(ep, client, path, body))
         self._posting.track(ep.name, post)
@@ -340,7 +335,7 @@ class Dispatcher:
         """Send a group's shared prefix for one token, so the server caches it where the
         group's prompts branch off. It is no prompt of the job: whatever the answer, the
         group then goes on (a failed primer costs only the reuse)."""
-        path, body = build_request(primer.row, replace(self.opts, sampling={
+        path, body = self.opts.shapes.build(primer.row, replace(self.opts, sampling={
             "max_new_tokens": 1, "temperature": 0.0, "top_p": 1.0}))
         try:
             await self._post(ep, client, path, body)
@@ -372,9 +367,9 @@ class Dispatcher:
         if resp.status_code >= 500 or resp.status_code == 429:
             raise TransientFailure(f"{ep.name}: HTTP {resp.status_code}")
         if resp.status_code >= 400:
-            raise PermanentFailure(f"HTTP {resp.status_code}: {error_message(resp)}")
+            raise PermanentFailure(f"HTTP {resp.status_code}: {self.opts.shapes.refusal(resp)}")
         try:
-            return parse_response(path, resp.json())
+            return self.opts.shapes.parse(path, resp.json())
         except ValueError as exc:
             raise TransientFailure(f"{ep.name}: answer is not JSON") from exc
         except MalformedAnswer as exc:

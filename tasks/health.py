@@ -9,14 +9,10 @@ from __future__ import annotations
 import threading
 import time
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-from pydantic import SecretStr
-
 from infra.processes import is_ours_and_alive
 from infra.sglang.client import is_healthy
 from infra.sglang.secret_config import discard, secret_file_of
-from tasks.servers import ServerHandle
+from tasks.local_servers import ServerHandle
 
 LOG_TAIL_LINES = 15
 
@@ -78,10 +74,3 @@ def wait_until_healthy(handles: list[ServerHandle], api_key: str | None,
                 first, tail)
         time.sleep(poll_s)
     return time.monotonic() - started
-
-
-@task(name="wait_healthy", cache_policy=NO_CACHE)
-def wait_healthy(handles: list[ServerHandle], api_key: SecretStr | None,
-                 timeout_s: float) -> float:
-    return wait_until_healthy(handles, api_key.get_secret_value() if api_key else None,
-                              timeout_s)

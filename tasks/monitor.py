@@ -1,8 +1,9 @@
 """Sample every server's /metrics every few seconds into a time series kept with the run.
 
-Throughput is measured from `sglang:generation_tokens_total` deltas (tokens of finished
-requests), converted to modeled GPU time with the time scale (1 for real SGLang), so targets
-in tok/s per GPU mean the same thing on the simulator and on hardware.
+Throughput is measured from the finished-token counter's deltas (SGLang's
+`sglang:generation_tokens_total`; each engine names its counters: SGLangMetrics below),
+converted to modeled GPU time with the time scale (1 for real SGLang), so targets in tok/s
+per GPU mean the same thing on the simulator and on hardware.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
 import polars as pl
 from prometheus_client.parser import text_string_to_metric_families
@@ -54,28 +56,49 @@ def _counter(text: str, name: str, mode: str | None = None) -> float | None:
     return None
 
 
-def sample_server(name: str, url: str, api_key: str | None, t: float, epoch: int) -> Sample:
+class SGLangMetrics:
+    """What the monitor reads from a server's /metrics, by the names SGLang gives it: the
+    gauges (running, queued, pool usage, retractions, cache hits: infra/sglang/observe.py)
+    and three counters. An engine whose server names them otherwise brings its own reader
+    (tasks/engines/base.py: `Engine.metrics`)."""
+
+    finished_tokens = "sglang:generation_tokens_total"  # tokens of finished requests
+    finished_requests = "sglang:num_requests_total"
+    decoded_tokens = "sglang:realtime_tokens_total"  # {mode="decode"}: finished or not
+
+    def read(self, text: str, server: str, t: float, epoch: int) -> Sample:
+        records = parse_metrics(text)
+        rec = records[0] if records else {}
+        kv = rec.get("full_token_usage")
+        if kv is None:
+            kv = rec.get("token_usage")
+        return Sample(t, epoch, server, True, rec.get("running_req"), rec.get("queue_req"), kv,
+                      rec.get("mamba_usage"), rec.get("gen_throughput"),
+                      _counter(text, self.finished_tokens), rec.get("retracted_req"),
+                      rec.get("cache_hit_rate"), _counter(text, self.finished_requests),
+                      _counter(text, self.decoded_tokens, mode="decode"))
+
+
+class MetricsReader(Protocol):
+    def read(self, text: str, server: str, t: float, epoch: int) -> Sample: ...
+
+
+def sample_server(name: str, url: str, api_key: str | None, t: float, epoch: int,
+                  metrics: MetricsReader) -> Sample:
     text = get_metrics_text(url, api_key, timeout_s=3.0)
     if text is None:
         return Sample(t, epoch, name, False, None, None, None, None, None, None)
-    records = parse_metrics(text)
-    rec = records[0] if records else {}
-    kv = rec.get("full_token_usage")
-    if kv is None:
-        kv = rec.get("token_usage")
-    return Sample(t, epoch, name, True, rec.get("running_req"), rec.get("queue_req"), kv,
-                  rec.get("mamba_usage"), rec.get("gen_throughput"),
-                  _counter(text, "sglang:generation_tokens_total"), rec.get("retracted_req"),
-                  rec.get("cache_hit_rate"), _counter(text, "sglang:num_requests_total"),
-                  _counter(text, "sglang:realtime_tokens_total", mode="decode"))
+    return metrics.read(text, name, t, epoch)
 
 
 class FleetMonitor:
     """A background thread that samples the fleet; `samples` grows for the whole run."""
 
-    def __init__(self, interval_s: float, api_key: str | None) -> None:
+    def __init__(self, interval_s: float, api_key: str | None,
+                 metrics: MetricsReader) -> None:
         self.interval_s = interval_s
         self.api_key = api_key
+        self.metrics = metrics  # the engine's (tasks/engines: SGLang's names)
         self.samples: list[Sample] = []
         self._servers: dict[str, str] = {}
         self._epoch = 0
@@ -105,7 +128,8 @@ class FleetMonitor:
         with self._lock:
             servers, epoch = dict(self._servers), self._epoch
         t = self.now()
-        fresh = [sample_server(n, u, self.api_key, t, epoch) for n, u in servers.items()]
+        fresh = [sample_server(n, u, self.api_key, t, epoch, self.metrics)
+                 for n, u in servers.items()]
         with self._lock:
             self.samples.extend(fresh)
         return fresh

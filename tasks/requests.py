@@ -7,8 +7,8 @@ row may ask for — sampling, chat messages, token ids — grows with what users
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import httpx
 
@@ -31,6 +31,17 @@ class DispatchOptions:
     keep_input_columns: bool = True
     prefix_key_chars: int = 0  # prefix affinity (tasks/affinity.py); 0: off
     vocab_size: int | None = None  # the model's; None: token ids go unchecked
+    # the engine's request and answer shapes (tasks/engines: `Engine.requests`)
+    shapes: RequestShapes = field(default_factory=lambda: SGLangRequests())
+
+
+class RequestShapes(Protocol):
+    def build(self, row: dict[str, Any], opts: DispatchOptions,
+              sample: int = 0) -> tuple[str, dict[str, Any]]: ...
+
+    def parse(self, path: str, body: Any) -> dict[str, Any]: ...
+
+    def refusal(self, resp: httpx.Response) -> str: ...
 
 
 def unsendable(row: dict[str, Any], opts: DispatchOptions) -> str | None:
@@ -157,6 +168,22 @@ def output_row(row: dict[str, Any], opts: DispatchOptions, sample: int,
     return {**given, "sample_index": sample, **answer, "server": server, "config": config,
             "model": opts.model, "sglang_version": version,
             "sampling_params": sent_sampling(body), "latency_s": round(latency_s, 4)}
+
+
+class SGLangRequests:
+    """SGLang's request and answer shapes — native /generate and the OpenAI chat route — as
+    the dispatcher uses them; an engine whose server speaks otherwise brings its own
+    (tasks/engines/base.py: `Engine.requests`)."""
+
+    def build(self, row: dict[str, Any], opts: DispatchOptions,
+              sample: int = 0) -> tuple[str, dict[str, Any]]:
+        return build_request(row, opts, sample)
+
+    def parse(self, path: str, body: Any) -> dict[str, Any]:
+        return parse_response(path, body)
+
+    def refusal(self, resp: httpx.Response) -> str:
+        return error_message(resp)
 
 
 def error_message(resp: httpx.Response) -> str:

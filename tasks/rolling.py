@@ -18,16 +18,11 @@ from typing import Any
 from infra.gpu import wait_memory_released
 from infra.processes import is_ours_and_alive
 from infra.settings import JobSettings
-from tasks.capacity import Capacity, measure_one
+from tasks.capacity import Capacity
+from tasks.engines import LocalServers, engine_for
 from tasks.fleet_control import FleetControl
-from tasks.health import StartAborted, wait_until_healthy
-from tasks.servers import (
-    ServerHandle,
-    build_launch_specs,
-    launch_one,
-    registry_for,
-    stop_one,
-)
+from tasks.health import StartAborted
+from tasks.local_servers import LaunchError, ServerHandle
 from tasks.shards import endpoint_of
 
 
@@ -45,17 +40,15 @@ class RollingFleet:
     """The servers of one epoch as they change; `handles()` is what the epoch stops."""
 
     def __init__(self, handles: list[ServerHandle], settings: JobSettings, out: Path,
-                 epoch: int, control: FleetControl, logger: Any, abort: threading.Event,
-                 check_gpu_memory: bool = False) -> None:
+                 epoch: int, logger: Any) -> None:
         self._handles = {h.index: h for h in handles}
         self.caps: dict[int, Capacity] = {}
         self.config = {h.index: settings for h in handles}  # what each server runs
         self.out = out
         self.epoch = epoch
-        self.control = control
+        self.control = FleetControl()  # servers leave and join the running dispatch
         self.logger = logger
-        self.abort = abort  # set when the epoch ends: no replacement may start after it
-        self.check_gpu_memory = check_gpu_memory
+        self.abort = threading.Event()  # set when the epoch ends: no replacement starts after
         self.last_join = time.monotonic()  # when a server last (re)joined dispatch
         self._lock = threading.Lock()
 
@@ -89,24 +82,22 @@ class RollingFleet:
             return self._relimit(index, settings)
         self.control.retire(name)
         left = self.control.wait_drained(name, settings.tuning.drain_timeout_s)
-        secrets = (settings.api_key.get_secret_value(),) if settings.api_key else ()
-        registry = registry_for(self.out)
-        stop_one(self._handles[index], registry, settings.stop_grace_s, secrets)
-        if self.check_gpu_memory and settings.servers_per_gpu == 1:
+        engine = _own_engine(settings)
+        engine.stop_one(self._handles[index], settings, self.out)
+        if engine.checks_gpu_memory_after_stop and settings.servers_per_gpu == 1:
             wait_memory_released([self._handles[index].gpu])
         if self.abort.is_set():
             raise StartAborted(f"{name}: not restarted, the epoch is ending",
                                self._handles[index], "")
-        spec = build_launch_specs(settings, self.out, self.epoch)[index]
+        spec = engine.launch_specs(settings, self.out, self.epoch)[index]
         log = spec.log_path.with_name(spec.log_path.name.replace(".log", f".{tag}.log"))
-        handle = launch_one(replace(spec, log_path=log), registry, settings.server.fingerprint())
+        handle = engine.start_one(replace(spec, log_path=log), settings, self.out)
         with self._lock:  # from here the epoch's stop must find the new process
             self._handles[index] = handle
             self.config[index] = settings
-        api_key = settings.api_key.get_secret_value() if settings.api_key else None
-        startup = wait_until_healthy([handle], api_key, settings.startup_timeout_s,
-                                     abort=self.abort)
-        cap = measure_one(handle, api_key)
+        startup = engine.wait_healthy([handle], settings, abort=self.abort)
+        cap = engine.capacity(handle, settings.api_key.get_secret_value()
+                              if settings.api_key else None)
         with self._lock:
             self.caps[index] = cap
         self.control.join(endpoint_of(settings, cap))
@@ -127,3 +118,11 @@ class RollingFleet:
         self.logger.info("server-%d: client limit now %s (no restart needed)", index,
                          endpoint_of(settings, cap).limit)
         return Replaced(index, cap, 0.0, 0.0, 0, restarted=False)
+
+
+def _own_engine(settings: JobSettings) -> LocalServers:
+    """The engine of servers this job runs itself: only those are restarted."""
+    engine = engine_for(settings)
+    if not isinstance(engine, LocalServers):
+        raise LaunchError(f"engine={settings.engine}: this job does not restart these servers")
+    return engine

@@ -23,6 +23,7 @@ from infra.settings import JobSettings
 from infra.sglang.profiles import model_profile
 from tasks.capacity import Capacity, client_limit
 from tasks.dispatch import Dispatcher, DispatchOptions, DispatchStats, Endpoint
+from tasks.engines import engine_for
 from tasks.fleet_control import FleetControl
 
 
@@ -131,6 +132,7 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
         keep_input_columns=settings.keep_input_columns,
         prefix_key_chars=settings.client.prefix_affinity_chars,
         vocab_size=model_vocab_size(settings),
+        shapes=engine_for(settings).requests,
     )
 
     async def commit(shard: int, rows: list[dict[str, Any]],

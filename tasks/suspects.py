@@ -8,8 +8,8 @@ them. An implicated prompt is a suspect: it runs again, but never beside another
 the same server, so the next death on its server implicates it alone among the suspects.
 A prompt implicated in KILLS_TO_QUARANTINE deaths is not sent again: it becomes an error row
 that names the servers, and the rest of the job runs (the dead servers are relaunched by the
-flow, flows/repair.py). An innocent prompt reaches two only if a second, different killer
-strikes while it is that server's one suspect.
+tuner, tasks/tuning/repair.py). An innocent prompt reaches two only if a second, different
+killer strikes while it is that server's one suspect.
 
 A broken connection alone is not a death: the server's /health is asked first.
 """

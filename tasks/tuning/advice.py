@@ -17,8 +17,7 @@ from typing import Any
 from prefect.artifacts import create_markdown_artifact
 
 from infra.settings import JobSettings
-from infra.sglang.launch import server_args
-from tasks.servers import model_is_hybrid, resolve_version
+from tasks.engines import engine_for
 from tasks.tuning.diagnosis import Diagnosis
 from tasks.tuning.policy import Proposal
 from tasks.tuning.state import TunerState
@@ -28,9 +27,7 @@ from tasks.tuning.watch import RegressionWatch
 def launch_flags(settings: JobSettings, proposal: Proposal) -> str:
     """The SGLang flags of the proposed configuration, as one would paste them after
     `python -m sglang.launch_server --model-path M --host H --port P`."""
-    argv = server_args(proposal.flags, resolve_version(settings), model=settings.model,
-                       host="-", port=0, api_key=None, hybrid=model_is_hybrid(settings))
-    return " ".join(argv[6:])  # after --model-path, --host and --port
+    return " ".join(engine_for(settings).server_flags(settings, proposal.flags))
 
 
 def advice_record(settings: JobSettings, diag: Diagnosis, proposal: Proposal) -> dict[str, Any]:

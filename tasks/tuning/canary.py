@@ -19,9 +19,9 @@ from typing import Any, Literal
 
 from infra.settings import JobSettings
 from infra.sglang.client import ServerAnswerError
-from tasks.engines import LaunchError
 from tasks.fleet_control import DispatchEnded
 from tasks.health import ServerStartFailed, StartAborted
+from tasks.local_servers import LaunchError
 from tasks.monitor import FleetMonitor, Sample
 from tasks.rolling import RollingFleet
 from tasks.tuning.diagnosis import window_stats

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from infra.sglang.observe import parse_log
 from infra.sglang.server_info import parse_server_info
-from tasks.dispatch import parse_response
+from tasks.requests import parse_response
 
 # What tasks/monitor.py and the diagnosis read from /metrics (observe.METRIC_KEYS).
 METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",

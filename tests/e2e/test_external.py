@@ -1,7 +1,7 @@
 """engine = "external": servers someone else runs (here a simulated fleet started apart from
 the job, as a Kubernetes deployment or a Slurm job would be). The job measures, monitors,
 diagnoses and writes every prompt once; it never stops or restarts them, and the tuner's move
-comes back as advice (flows/advice.py)."""
+comes back as advice (tasks/tuning/advice.py)."""
 
 from __future__ import annotations
 

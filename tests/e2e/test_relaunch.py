@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from infra.ledger import Ledger
-from tasks.servers import registry_for
+from tasks.local_servers import registry_for
 from tests.conftest import free_port_block
 
 ROWS = 1000

@@ -7,7 +7,8 @@ import os
 import signal
 from typing import Any
 
-from tasks.dispatch import Dispatcher, DispatchOptions, Endpoint, build_request
+from tasks.dispatch import Dispatcher, DispatchOptions, Endpoint
+from tasks.requests import build_request
 
 OPTS = DispatchOptions(model="m", api_key=None,
                        sampling={"max_new_tokens": 16, "temperature": 0.7, "top_p": 0.9,

@@ -85,7 +85,7 @@ def test_a_retired_servers_long_answers_are_handed_back_and_it_stops_at_once(
     34 s out of dispatch, and the rollout's payback rule then refused it)."""
     from dataclasses import replace
 
-    from tasks.servers import registry_for, stop_one
+    from tasks.local_servers import registry_for, stop_one
 
     handles = sim_fleet(2, **{"sim.time_scale": 10.0})
     opts = replace(OPTS, sampling={"max_new_tokens": 1200, "temperature": 0.7, "top_p": 0.9,

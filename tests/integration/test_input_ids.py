@@ -16,7 +16,8 @@ import httpx
 import polars as pl
 import pytest
 
-from tasks.dispatch import DispatchOptions, build_request, parse_response
+from tasks.dispatch import DispatchOptions
+from tasks.requests import build_request, parse_response
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 REAL = FIXTURES / "sglang-0.5.17"

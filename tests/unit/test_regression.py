@@ -195,7 +195,7 @@ def test_restart_cost_and_the_gain_it_asks_for_as_on_the_h200() -> None:
 
 
 def test_watch_asks_for_the_gain_the_work_left_justifies() -> None:
-    from tasks.monitor import FleetMonitor
+    from tasks.monitor import FleetMonitor, SGLangMetrics
     from tasks.tuning.diagnosis import Diagnosis
     from tasks.tuning.policy import Proposal
     from tasks.tuning.watch import RegressionWatch, WatchTargets
@@ -208,8 +208,8 @@ def test_watch_asks_for_the_gain_the_work_left_justifies() -> None:
 
     mamba = Diagnosis("mamba-bound", "mamba 0.61, kv 0.20", 500.0)
     need = {"gain": 1.3}
-    watch = RegressionWatch(FleetMonitor(1.0, None), WatchTargets({"server-0": 32}, None,
-                                                                  window_s=4.0),
+    monitor = FleetMonitor(1.0, None, SGLangMetrics())
+    watch = RegressionWatch(monitor, WatchTargets({"server-0": 32}, None, window_s=4.0),
                             True, can_propose, lambda d: need["gain"])
     assert watch._reason(mamba) == "" and asked == []  # no span with a turnover yet: a wave
     assert "turn its batch over" in watch.result.last_check
@@ -221,7 +221,7 @@ def test_watch_asks_for_the_gain_the_work_left_justifies() -> None:
     # A rollback is a restart too: not worth it when the best config is barely faster.
     slow = Diagnosis("compute-bound", "", 900.0)
     need["gain"] = 1.2
-    watch = RegressionWatch(FleetMonitor(1.0, None), WatchTargets(
+    watch = RegressionWatch(monitor, WatchTargets(
         {"server-0": 32}, None, window_s=4.0, baseline_tok_s_per_gpu=1000.0),
         True, can_propose, lambda d: need["gain"])
     watch._turned_over = True
