@@ -1,7 +1,7 @@
 """A fleet of simulated servers in modeled time, fed the way the pipeline's dispatcher feeds
 them — for jobs too long to run on processes (bench/seed_scale.py: 41 GPU-hours of the seeds).
 
-Each server is the simulator's own scheduler (infra/sim/engine.SimEngine: admission, KV
+Each server is the simulator's own scheduler (infra/sim/engine.SimScheduler: admission, KV
 growth, retraction, the roofline's step times), not a formula. All of them run in one asyncio
 loop whose clock is virtual: when every task waits, the clock jumps to the next timer, so a
 server's decode chunk "takes" its modeled seconds and the servers, the client and the tuner
@@ -24,11 +24,11 @@ from infra.sglang.flags import ServerFlags
 from infra.sglang.hardware import Hardware
 from infra.sglang.memory import plan_memory
 from infra.sglang.roofline import build_roofline
-from infra.sim.engine import SimEngine
+from infra.sim.scheduler import SchedulerOptions, SimScheduler
 from tasks.monitor import Sample
 
 T = TypeVar("T")
-NO_WALL_CLOCK = 1e9  # SimEngine's time scale: chunks run to the next finish (no wall pacing)
+NO_WALL_CLOCK = 1e9  # SimScheduler's time scale: chunks run to the next finish (no wall pacing)
 
 
 def virtual_time_loop() -> asyncio.AbstractEventLoop:
@@ -66,8 +66,8 @@ def run_modeled(main: Coroutine[Any, Any, T]) -> T:
         loop.close()
 
 
-class ModeledEngine(SimEngine):
-    """SimEngine on the loop's modeled clock: an idle gap moves its clock on, a decode chunk
+class ModeledScheduler(SimScheduler):
+    """SimScheduler on the loop's modeled clock: an idle gap moves its clock on, a decode chunk
     sleeps its modeled seconds."""
 
     def _admit(self) -> int:
@@ -78,12 +78,13 @@ class ModeledEngine(SimEngine):
         await asyncio.sleep(modeled)
 
 
-def modeled_engine(hw: Hardware, flags: ServerFlags, speed: float = 1.0) -> ModeledEngine:
+def modeled_scheduler(hw: Hardware, flags: ServerFlags, speed: float = 1.0) -> ModeledScheduler:
     """`speed` < 1: a degraded GPU (the simulator's fault), every step that much slower."""
     plan = plan_memory(hw.model, hw.gpu, flags, hw.version)
     prefix_state = hw.version.locks_prefix_state and not flags.disable_radix_cache
-    return ModeledEngine(plan, build_roofline(hw.model, hw.gpu, flags, plan), NO_WALL_CLOCK,
-                         lambda _line: None, prefix_state=prefix_state, speed=speed)
+    return ModeledScheduler(plan, build_roofline(hw.model, hw.gpu, flags, plan), NO_WALL_CLOCK,
+                         lambda _line: None,
+                         SchedulerOptions(prefix_state=prefix_state, speed=speed))
 
 
 @dataclass
@@ -92,7 +93,7 @@ class Server:
 
     name: str
     flags: ServerFlags
-    engine: ModeledEngine | None = None
+    engine: ModeledScheduler | None = None
     up_at: float | None = None
     accepting: bool = False
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -149,13 +150,13 @@ class ModeledFleet:
 
     async def _start(self, server: Server) -> None:
         await asyncio.sleep(self.startup_s)
-        engine = modeled_engine(self.hw, server.flags, server.speed)
+        engine = modeled_scheduler(self.hw, server.flags, server.speed)
         server.engine, server.up_at, server.accepting = engine, self.now(), True
         server.launches += 1
         server.tasks = [asyncio.create_task(engine.run())]
         self.top_up()
 
-    def limit(self, server: Server, engine: ModeledEngine) -> int:
+    def limit(self, server: Server, engine: ModeledScheduler) -> int:
         return server.clients or engine.plan.max_running_requests + self.queue_target
 
     def set_clients(self, clients: int | None) -> None:
@@ -176,7 +177,7 @@ class ModeledFleet:
             server.tasks += [asyncio.create_task(self._worker(server, engine))
                              for _ in range(missing)]
 
-    async def _worker(self, server: Server, engine: ModeledEngine) -> None:
+    async def _worker(self, server: Server, engine: ModeledScheduler) -> None:
         while server.accepting and self.queue:
             index = self.queue.popleft()
             answer = asyncio.ensure_future(engine.submit(

@@ -11,20 +11,21 @@ import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import polars as pl
 
 from infra.ledger import Ledger
+from infra.output_row import GENERATED, ErrorRow, ShardRow
 
 
-def _ok_line(samples: list[dict[str, Any]], model: str, created: int,
+def _ok_line(samples: list[ShardRow], model: str, created: int,
              chat: bool) -> dict[str, Any]:
     """One input row's answer: its n samples as the choices of one completion (with the `id`
     and `created` the openai SDK's models require; created = the shard's commit time)."""
     first = samples[0]
-    prompt = first.get("prompt_tokens") or 0
-    completion = sum(r.get("completion_tokens") or 0 for r in samples)
+    prompt = first["prompt_tokens"] or 0
+    completion = sum(r["completion_tokens"] or 0 for r in samples)
     usage = {"prompt_tokens": prompt, "completion_tokens": completion,
              "total_tokens": prompt + completion}
     choices = [_choice(r, chat) for r in samples]
@@ -34,27 +35,27 @@ def _ok_line(samples: list[dict[str, Any]], model: str, created: int,
         "response": {"status_code": 200, "request_id": f"req_{first['id']}", "body": {
             "id": f"{'chatcmpl' if chat else 'cmpl'}-{first['id']}", "created": created,
             "object": "chat.completion" if chat else "text_completion",
-            "model": first.get("model") or model, "choices": choices, "usage": usage}},
+            "model": first["model"] or model, "choices": choices, "usage": usage}},
         "error": None,
     }
 
 
-def _choice(row: dict[str, Any], chat: bool) -> dict[str, Any]:
-    index, reason = row.get("sample_index") or 0, row.get("finish_reason")
+def _choice(row: ShardRow, chat: bool) -> dict[str, Any]:
+    index, reason = row["sample_index"] or 0, row["finish_reason"]
     if not chat:  # a server run with --skip-tokenizer-init answers ids only: they ride along
-        ids = {"output_ids": row["output_ids"]} if row.get("completion") is None and row.get(
+        ids = {"output_ids": row["output_ids"]} if row["completion"] is None and row.get(
             "output_ids") is not None else {}
-        return {"index": index, "text": row.get("completion") or "", "logprobs": None,
+        return {"index": index, "text": row["completion"] or "", "logprobs": None,
                 "finish_reason": reason, **ids}
-    message = {"role": "assistant", "content": row.get("completion"),
+    message = {"role": "assistant", "content": row["completion"],
                **({"reasoning_content": row["reasoning"]} if row.get("reasoning") else {})}
     return {"index": index, "message": message, "finish_reason": reason}
 
 
-def _by_id(rows: Iterator[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+def _by_id(rows: Iterator[dict[str, Any]]) -> Iterator[list[ShardRow]]:
     """Consecutive rows of one id (a shard keeps each prompt's samples together)."""
-    group: list[dict[str, Any]] = []
-    for row in rows:
+    group: list[ShardRow] = []
+    for row in map(_shard_row, rows):
         if group and row["id"] != group[0]["id"]:
             yield group
             group = []
@@ -63,9 +64,17 @@ def _by_id(rows: Iterator[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
         yield group
 
 
-def _error_line(row: dict[str, Any]) -> dict[str, Any]:
+def _shard_row(row: dict[str, Any]) -> ShardRow:
+    """A row read from a shard, checked to have the pipeline's columns (infra/output_row)."""
+    missing = [c.name for c in GENERATED if c.always and c.name not in row]
+    if missing:
+        raise ValueError(f"a shard row lacks {missing}: not a shard this pipeline wrote")
+    return cast(ShardRow, row)
+
+
+def _error_line(row: ErrorRow) -> dict[str, Any]:
     return {"id": f"batch_req_{row['id']}", "custom_id": str(row["id"]), "response": None,
-            "error": {"code": "generation_failed", "message": row.get("error")}}
+            "error": {"code": "generation_failed", "message": row["error"]}}
 
 
 def openai_batch_lines(output: Path, model: str) -> Iterator[str]:
@@ -80,7 +89,7 @@ def openai_batch_lines(output: Path, model: str) -> Iterator[str]:
                 yield json.dumps(_ok_line(samples, model, int(entry.committed_at), chat))
         if entry.error_path:
             for row in pl.read_parquet(output / entry.error_path).iter_rows(named=True):
-                yield json.dumps(_error_line(row))
+                yield json.dumps(_error_line(cast(ErrorRow, row)))
 
 
 def export_openai_batch(output: Path, target: Path, model: str) -> int:

@@ -23,6 +23,7 @@ from typing import Any
 import polars as pl
 
 from infra.files import atomic_write, read_jsonl
+from infra.output_row import ERRORS, GENERATED, parquet_bytes
 from infra.prompts import InputSummary
 
 PLAN_VERSION = 1
@@ -153,10 +154,10 @@ class Ledger:
 
         name = f"shard-{shard:06d}.parquet"
         path = self.shards_dir / name
-        atomic_write(path, _parquet_bytes(rows), fsync=True)
+        atomic_write(path, parquet_bytes(rows, GENERATED), fsync=True)
         error_rel = None
         if errors:
-            atomic_write(self.errors_dir / name, _parquet_bytes(errors), fsync=True)
+            atomic_write(self.errors_dir / name, parquet_bytes(errors, ERRORS), fsync=True)
             error_rel = f"errors/{name}"
         ids = [r["id"] for r in rows] + [e["id"] for e in errors]
         entry = ManifestEntry(
@@ -181,13 +182,3 @@ class Ledger:
         if not files:
             return pl.DataFrame()
         return pl.concat([pl.read_parquet(f) for f in files], how="diagonal_relaxed")
-
-
-def _parquet_bytes(rows: list[dict[str, Any]]) -> bytes:
-    import io
-
-    buf = io.BytesIO()
-    frame = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame(
-        {"id": pl.Series([], dtype=pl.String)})
-    frame.write_parquet(buf)
-    return buf.getvalue()

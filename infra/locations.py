@@ -57,12 +57,12 @@ def bucket_problem(target: str, field: str, endpoint_url: str | None, region: st
     missing, or the credentials are refused (one HEAD request on the bucket, no retries)."""
     from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-    from infra.storage import S3Destination
+    from infra.storage import S3Destination, S3Patience
 
     bucket = urlparse(target).netloc
     where = f"endpoint {endpoint_url}" if endpoint_url else "AWS's endpoint"
-    client = S3Destination(bucket, "", endpoint_url, region, connect_timeout_s=timeout_s,
-                           attempts=1, read_timeout_s=timeout_s).client
+    client = S3Destination(bucket, "", endpoint_url, region, patience=S3Patience(
+        connect_timeout_s=timeout_s, read_timeout_s=timeout_s, attempts=1)).client
     try:
         client.head_bucket(Bucket=bucket)
     except NoCredentialsError:

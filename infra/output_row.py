@@ -63,6 +63,13 @@ class OutputRow(Sample, Answer, Provenance):
     """The pipeline's columns of one row of `shards/`, after the user's own (`id` first)."""
 
 
+class ShardRow(OutputRow):
+    """A row as read back from `shards/` (the export): the input's `id`, which is always
+    kept, and the pipeline's columns; the user's other columns ride along untyped."""
+
+    id: Any
+
+
 class ErrorRow(TypedDict):
     """One row of `errors/`: a prompt (sample) that failed for good, and why."""
 
@@ -122,10 +129,11 @@ def parquet_bytes(rows: list[dict[str, Any]], declared: list[Column]) -> bytes:
     if not rows:
         pl.DataFrame({"id": pl.Series([], dtype=pl.String)}).write_parquet(buf)
         return buf.getvalue()
-    present = set().union(*(r.keys() for r in rows))
-    missing = [c.name for c in declared if c.always and c.name not in present]
+    every = set.intersection(*(set(r) for r in rows))
+    missing = [c.name for c in declared if c.always and c.name not in every]
     if missing:
         raise ValueError(f"output rows lack the columns {missing} (infra/output_row.py)")
+    present = set().union(*(r.keys() for r in rows))
     overrides = {c.name: c.dtype for c in declared if c.dtype is not None and c.name in present}
     pl.DataFrame(rows, infer_schema_length=None, schema_overrides=overrides).write_parquet(buf)
     return buf.getvalue()

@@ -75,13 +75,22 @@ class FolderDestination:
                       if p.is_file() and not p.name.startswith("."))
 
 
+@dataclass(frozen=True)
+class S3Patience:
+    """How long a request to S3 may take, and how often it is tried (botocore's standard
+    retries: throttling and 5xx)."""
+
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 60.0
+    attempts: int = 3
+
+
 class S3Destination:
     """s3://bucket/prefix through boto3 (any S3-compatible endpoint via endpoint_url)."""
 
     def __init__(self, bucket: str, prefix: str, endpoint_url: str | None = None,
                  region: str | None = None, multipart_mb: int = 64,
-                 connect_timeout_s: float = 10.0, attempts: int = 3,
-                 read_timeout_s: float = 60.0) -> None:
+                 patience: S3Patience = S3Patience()) -> None:
         import boto3
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
@@ -91,8 +100,9 @@ class S3Destination:
         self.label = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self.client = boto3.client(
             "s3", endpoint_url=endpoint_url, region_name=region or "us-east-1",
-            config=Config(connect_timeout=connect_timeout_s, read_timeout=read_timeout_s,
-                          retries={"max_attempts": attempts, "mode": "standard"}))
+            config=Config(connect_timeout=patience.connect_timeout_s,
+                          read_timeout=patience.read_timeout_s,
+                          retries={"max_attempts": patience.attempts, "mode": "standard"}))
         chunk = multipart_mb * 1024 * 1024
         self.transfer = TransferConfig(multipart_threshold=chunk, multipart_chunksize=chunk)
 

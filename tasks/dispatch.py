@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from infra.output_row import Answer, ErrorRow
 from infra.sglang.client import auth_headers, tls_context
 from tasks.affinity import AffinityQueue, Primer
 from tasks.dispatch_records import (
@@ -38,6 +39,7 @@ from tasks.dispatch_records import (
 )
 from tasks.hand_back import InFlight
 from tasks.requests import (
+    Delivery,
     DispatchOptions,
     MalformedAnswer,
     output_row,
@@ -322,8 +324,8 @@ class Dispatcher:
             return
         self._connect_failures[ep.name] = 0
         self._queue.done(item)
-        row = output_row(item.row, self.opts, item.sample, answer, body, ep.name, ep.config,
-                         ep.version, time.monotonic() - started)
+        row = output_row(item.row, self.opts, answer, Delivery(
+            item.sample, body, ep.name, ep.config, ep.version, time.monotonic() - started))
         shard = self._shards[item.shard]
         shard.results[item.index] = row
         self.stats.completed += 1
@@ -351,7 +353,7 @@ class Dispatcher:
         self._queue.put(item)
 
     async def _post(self, ep: Endpoint, client: httpx.AsyncClient, path: str,
-                    body: dict[str, Any]) -> dict[str, Any]:
+                    body: dict[str, Any]) -> Answer:
         try:
             resp = await client.post(f"{ep.url}{path}", content=json.dumps(body),
                                            headers={"Content-Type": "application/json"})
@@ -377,8 +379,8 @@ class Dispatcher:
 
     async def _record_error(self, item: WorkItem, reason: str) -> None:
         shard = self._shards[item.shard]
-        shard.errors[item.index] = {"id": item.row["id"], "sample_index": item.sample,
-                                    "error": reason, "attempts": item.attempts + 1}
+        shard.errors[item.index] = dict(ErrorRow(id=item.row["id"], sample_index=item.sample,
+                                                 error=reason, attempts=item.attempts + 1))
         self.stats.errors += 1
         if shard.done:
             await self._finish(item.shard)

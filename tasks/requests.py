@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from infra.output_row import Answer, OutputRow
 from infra.prompts import SAMPLING_COLUMNS
 
 
@@ -39,7 +40,7 @@ class RequestShapes(Protocol):
     def build(self, row: dict[str, Any], opts: DispatchOptions,
               sample: int = 0) -> tuple[str, dict[str, Any]]: ...
 
-    def parse(self, path: str, body: Any) -> dict[str, Any]: ...
+    def parse(self, path: str, body: Any) -> Answer: ...
 
     def refusal(self, resp: httpx.Response) -> str: ...
 
@@ -124,34 +125,34 @@ def sent_sampling(body: dict[str, Any]) -> str:
     return json.dumps(params, sort_keys=True)
 
 
-def parse_response(path: str, body: Any) -> dict[str, Any]:
+def parse_response(path: str, body: Any) -> Answer:
     """Completion fields from a /generate or OpenAI chat answer; raises on a malformed body."""
     try:
         if path == "/generate":
             meta = body["meta_info"]
             reason = meta.get("finish_reason") or {}
             tokens_only = "text" not in body  # --skip-tokenizer-init answers with ids only
-            return {
-                "completion": None if tokens_only else str(body["text"]),
-                **({"output_ids": [int(t) for t in body["output_ids"]]} if tokens_only else {}),
-                "finish_reason": reason.get("type") if isinstance(reason, dict) else str(reason),
-                "prompt_tokens": int(meta["prompt_tokens"]),
-                "completion_tokens": int(meta["completion_tokens"]),
-                "cached_tokens": int(meta.get("cached_tokens") or 0),
-            }
+            answer = Answer(
+                completion=None if tokens_only else str(body["text"]),
+                finish_reason=reason.get("type") if isinstance(reason, dict) else str(reason),
+                prompt_tokens=int(meta["prompt_tokens"]),
+                completion_tokens=int(meta["completion_tokens"]),
+                cached_tokens=int(meta.get("cached_tokens") or 0))
+            if tokens_only:
+                answer["output_ids"] = [int(t) for t in body["output_ids"]]
+            return answer
         choice = body["choices"][0]
         usage = body["usage"]
-        return {
-            "completion": str(choice["message"]["content"]),
+        return Answer(
+            completion=str(choice["message"]["content"]),
             # SGLang's reasoning parser (--reasoning-parser) puts the thinking apart
-            "reasoning": choice["message"].get("reasoning_content"),
-            "reasoning_tokens": int(usage.get("reasoning_tokens") or 0),
-            "finish_reason": str(choice.get("finish_reason")),
-            "prompt_tokens": int(usage["prompt_tokens"]),
-            "completion_tokens": int(usage["completion_tokens"]),
-            "cached_tokens": int((usage.get("prompt_tokens_details") or {}).get(
-                "cached_tokens") or 0),
-        }
+            reasoning=choice["message"].get("reasoning_content"),
+            reasoning_tokens=int(usage.get("reasoning_tokens") or 0),
+            finish_reason=str(choice.get("finish_reason")),
+            prompt_tokens=int(usage["prompt_tokens"]),
+            completion_tokens=int(usage["completion_tokens"]),
+            cached_tokens=int((usage.get("prompt_tokens_details") or {}).get(
+                "cached_tokens") or 0))
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise MalformedAnswer(
             f"malformed answer from server ({type(exc).__name__}: {exc})") from exc
@@ -159,15 +160,30 @@ def parse_response(path: str, body: Any) -> dict[str, Any]:
 
 
 
-def output_row(row: dict[str, Any], opts: DispatchOptions, sample: int,
-               answer: dict[str, Any], body: dict[str, Any], server: str, config: str,
-               version: str | None, latency_s: float) -> dict[str, Any]:
-    """One output row: the user's columns as given (unless keep_input_columns is off), the
-    answer, and its provenance — model, SGLang version, server config, sampling as sent."""
+@dataclass(frozen=True)
+class Delivery:
+    """How one answer was got: which sample, the body as sent, the server that answered (its
+    name, flags fingerprint and SGLang version) and how long it took."""
+
+    sample: int
+    body: dict[str, Any]
+    server: str
+    config: str
+    version: str | None
+    latency_s: float
+
+
+def output_row(row: dict[str, Any], opts: DispatchOptions, answer: Answer,
+               delivery: Delivery) -> dict[str, Any]:
+    """One output row: the user's columns as given (unless keep_input_columns is off), then
+    the pipeline's (infra/output_row.py: OutputRow) — the answer and its provenance."""
     given = row if opts.keep_input_columns else {"id": row["id"]}
-    return {**given, "sample_index": sample, **answer, "server": server, "config": config,
-            "model": opts.model, "sglang_version": version,
-            "sampling_params": sent_sampling(body), "latency_s": round(latency_s, 4)}
+    made = OutputRow(sample_index=delivery.sample, **answer, server=delivery.server,
+                     config=delivery.config, model=opts.model,
+                     sglang_version=delivery.version,
+                     sampling_params=sent_sampling(delivery.body),
+                     latency_s=round(delivery.latency_s, 4))
+    return {**given, **made}
 
 
 class SGLangRequests:
@@ -179,7 +195,7 @@ class SGLangRequests:
               sample: int = 0) -> tuple[str, dict[str, Any]]:
         return build_request(row, opts, sample)
 
-    def parse(self, path: str, body: Any) -> dict[str, Any]:
+    def parse(self, path: str, body: Any) -> Answer:
         return parse_response(path, body)
 
     def refusal(self, resp: httpx.Response) -> str:

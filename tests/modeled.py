@@ -1,6 +1,6 @@
 """A simulated fleet's metrics in modeled time: the tuner's inputs with no wall clock.
 
-Each server is the simulator's own scheduler (`infra.sim.replay.replay_engine`) stepping in
+Each server is the simulator's own scheduler (`infra.sim.replay.replay_scheduler`) stepping in
 modeled time under a closed-loop client; every `tick` modeled seconds it is read into the
 `Sample` a scrape of its /metrics gives the monitor (running, queue, pool usage, the
 finished and decoded token counters). The tuner's decisions — diagnosis, proposal, canary
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from infra.sglang.flags import ServerFlags
 from infra.sglang.hardware import Hardware
-from infra.sim.engine import SimEngine
-from infra.sim.replay import replay_engine
+from infra.sim.replay import replay_scheduler
+from infra.sim.scheduler import SimScheduler
 from tasks.monitor import Sample
 from tasks.tuning.judge import Verdict, judge
 
@@ -35,13 +35,13 @@ class ModeledServer:
     in_flight: int | None = None
 
 
-def engine_for(hw: Hardware, flags: ServerFlags) -> SimEngine:
-    return replay_engine(hw.model, hw.gpu, flags, hw.version)
+def scheduler_for(hw: Hardware, flags: ServerFlags) -> SimScheduler:
+    return replay_scheduler(hw.model, hw.gpu, flags, hw.version)
 
 
 async def _sampled(hw: Hardware, server: ModeledServer, prompt_tokens: int,
                    lengths: Iterator[int], until: float, tick: float) -> list[Sample]:
-    engine = engine_for(hw, server.flags)
+    engine = scheduler_for(hw, server.flags)
     in_flight = server.in_flight or engine.plan.max_running_requests + 4
 
     async def client() -> None:
@@ -64,7 +64,7 @@ async def _sampled(hw: Hardware, server: ModeledServer, prompt_tokens: int,
     return rows
 
 
-def _read(engine: SimEngine, name: str, t: float) -> Sample:
+def _read(engine: SimScheduler, name: str, t: float) -> Sample:
     st = engine.stats
     return Sample(t, 1, name, True, st.running, st.queued, engine.kv_usage(),
                   engine.mamba_usage(), st.gen_throughput, float(st.generation_tokens_total),

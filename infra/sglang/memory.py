@@ -213,7 +213,7 @@ def plan_memory(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
     if tokens < 2:
         raise PoolsDoNotFit(f"KV pool holds {tokens} tokens; raise mem_fraction_static")
     running, binding, request_cap, token_cap, mamba_cap = _caps(
-        model, ver, tokens, ctx, requested, slots, rho, warnings)
+        model, ver, _Pools(tokens, ctx, slots, rho), requested, warnings)
     inter_ssm, inter_conv = _intermediate_bytes(model, flags, running)
     alloc_slots = slots + 1
     return MemoryPlan(
@@ -293,11 +293,22 @@ def _split_rest(model: ModelProfile, flags: ServerFlags, ver: SGLangVersion, res
     return slots, kv_bytes
 
 
-def _caps(model: ModelProfile, ver: SGLangVersion, tokens: int, ctx: int,
-          requested: int | None, slots: int, rho: int, warnings: list[str],
-          ) -> tuple[int, BindingLimit, int, int, int | None]:
+@dataclass(frozen=True)
+class _Pools:
+    """What the sized pools hold: KV tokens, the context length, mamba slots and the slots
+    one request takes (the strategy's ratio)."""
+
+    tokens: int
+    context_len: int
+    slots: int
+    slot_ratio: int
+
+
+def _caps(model: ModelProfile, ver: SGLangVersion, pools: _Pools, requested: int | None,
+          warnings: list[str]) -> tuple[int, BindingLimit, int, int, int | None]:
     """(running cap, what binds it, request cap, KV cap, mamba cap), as the scheduler
     resolves max_running_requests."""
+    tokens, ctx, slots, rho = pools.tokens, pools.context_len, pools.slots, pools.slot_ratio
     estimated = min(max(tokens * 512 // ctx, 2048), 4096)
     if requested is not None:
         request_cap = requested

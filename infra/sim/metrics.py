@@ -43,7 +43,7 @@ class Histogram:
 
 @dataclass
 class RequestLatencies:
-    """What the engine records for each finished request."""
+    """What the scheduler records for each finished request."""
 
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
@@ -113,7 +113,7 @@ INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO
 
 @dataclass
 class EngineStats:
-    """What /metrics and the log lines report (the engine keeps them, a scrape reads them)."""
+    """What /metrics and the log lines report (the scheduler keeps them, a scrape reads them)."""
 
     running: int = 0
     queued: int = 0
@@ -137,7 +137,7 @@ class EngineStats:
 
 @dataclass
 class Snapshot:
-    """One scrape: the engine's counters beside what its plan fixes."""
+    """One scrape: the scheduler's counters beside what its plan fixes."""
 
     stats: EngineStats
     max_total_num_tokens: int

@@ -13,7 +13,7 @@ bench/real_sglang/data/2026-12-01-h200-s6/):
   off a cached one reuses nothing (interleaved groups: 5.0 %); one that extends a whole
   cached prompt reuses all of it (the bare prefix sent first: 98.5 %).
 * Requests prefilled in one batch share nothing (a group's members sent together: 2.7 %), so
-  the engine matches a whole batch before inserting it.
+  the scheduler matches a whole batch before inserting it.
 
 The cache lives in the KV pool's free part: what running requests hold is not available to
 it (SGLang evicts cached prefixes least-recently-used when a new request needs the tokens).

@@ -12,11 +12,12 @@ import asyncio
 from dataclasses import dataclass
 
 from infra.sglang.flags import ServerFlags
+from infra.sglang.hardware import Hardware
 from infra.sglang.memory import plan_memory
 from infra.sglang.profiles import GpuProfile, ModelProfile
 from infra.sglang.roofline import build_roofline
 from infra.sglang.versions import SGLangVersion
-from infra.sim.engine import SimEngine
+from infra.sim.scheduler import SchedulerOptions, SimScheduler
 
 # Fast enough that a replay of thousands of requests takes a fraction of a second.
 REPLAY_TIME_SCALE = 1e7
@@ -30,43 +31,43 @@ class ReplayResult:
     seconds: float
 
 
-async def _replay(engine: SimEngine, requests: int, in_flight: int, prompt_tokens: int,
+async def _replay(scheduler: SimScheduler, requests: int, in_flight: int, prompt_tokens: int,
                   output_tokens: int) -> tuple[float, float, float]:
-    loop = asyncio.create_task(engine.run())
+    loop = asyncio.create_task(scheduler.run())
     sem = asyncio.Semaphore(in_flight)
     marks: dict[int, tuple[float, int]] = {}  # send index → (modeled clock, tokens done)
 
     async def one(i: int) -> None:
         async with sem:
-            marks[i] = (engine._modeled_clock, engine.stats.generation_tokens_total)
-            await engine.submit(prompt_tokens, output_tokens)
+            marks[i] = (scheduler._modeled_clock, scheduler.stats.generation_tokens_total)
+            await scheduler.submit(prompt_tokens, output_tokens)
 
     try:
         await asyncio.gather(*(one(i) for i in range(requests)))
     finally:
         loop.cancel()
     (t0, n0), (t1, n1) = marks[min(in_flight, requests - 1)], marks[requests - 1]
-    return engine._modeled_clock, t1 - t0, n1 - n0
+    return scheduler._modeled_clock, t1 - t0, n1 - n0
 
 
-def replay_engine(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
-                  version: SGLangVersion) -> SimEngine:
+def replay_scheduler(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
+                     version: SGLangVersion) -> SimScheduler:
     """The simulated server's scheduler for these flags, stepping one decode step at a time
     in modeled time, with no log."""
     plan = plan_memory(model, gpu, flags, version)
     prefix_state = version.locks_prefix_state and not flags.disable_radix_cache
-    return SimEngine(plan, build_roofline(model, gpu, flags, plan), REPLAY_TIME_SCALE,
-                     lambda _line: None, prefix_state=prefix_state, max_chunk_steps=1)
+    return SimScheduler(plan, build_roofline(model, gpu, flags, plan), REPLAY_TIME_SCALE,
+                        lambda _line: None,
+                        SchedulerOptions(prefix_state=prefix_state, max_chunk_steps=1))
 
 
-def replay(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags, version: SGLangVersion,
-           requests: int, prompt_tokens: int, output_tokens: int,
-           queue_target: int = 4) -> ReplayResult:
+def replay(hw: Hardware, flags: ServerFlags, requests: int, prompt_tokens: int,
+           output_tokens: int, queue_target: int = 4) -> ReplayResult:
     """The simulator's figures for this workload under these flags."""
-    engine = replay_engine(model, gpu, flags, version)
-    plan = engine.plan
+    scheduler = replay_scheduler(hw.model, hw.gpu, flags, hw.version)
+    plan = scheduler.plan
     total_s, busy_s, busy_tokens = asyncio.run(_replay(
-        engine, requests, plan.max_running_requests + queue_target, prompt_tokens,
+        scheduler, requests, plan.max_running_requests + queue_target, prompt_tokens,
         output_tokens))
     tokens = requests * output_tokens
     return ReplayResult(cap=plan.max_running_requests, tok_s=tokens / total_s,
@@ -91,22 +92,22 @@ class ClosedLoopResult:
         return self.committed_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-async def _closed_loop(engine: SimEngine, reqs: list[tuple[int, int]], concurrency: int,
+async def _closed_loop(scheduler: SimScheduler, reqs: list[tuple[int, int]], concurrency: int,
                        max_s: float) -> tuple[list[tuple[float, int]], float]:
     """(modeled answer time, output tokens) of each answer in time, and the last send."""
-    loop = asyncio.create_task(engine.run())
+    loop = asyncio.create_task(scheduler.run())
     pending = list(reversed(reqs))
     answers: list[tuple[float, int]] = []
     last_send = 0.0
 
     async def worker() -> None:
         nonlocal last_send
-        while pending and engine._modeled_clock < max_s:
+        while pending and scheduler._modeled_clock < max_s:
             prompt, out = pending.pop()
-            last_send = engine._modeled_clock
-            await engine.submit(prompt, out)
-            if engine._modeled_clock <= max_s:
-                answers.append((engine._modeled_clock, out))
+            last_send = scheduler._modeled_clock
+            await scheduler.submit(prompt, out)
+            if scheduler._modeled_clock <= max_s:
+                answers.append((scheduler._modeled_clock, out))
 
     try:
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -132,13 +133,13 @@ def replay_requests(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
     """A closed loop of `concurrency` clients over (prompt tokens, output tokens) rows, as
     bench/real_sglang/probe_long.py drives real SGLang: every row's output runs to its
     length (ignore_eos), a row answered after `max_s` modeled seconds does not count."""
-    engine = replay_engine(model, gpu, flags, version)
-    plan = engine.plan
-    answers, last_send = asyncio.run(_closed_loop(engine, reqs, concurrency, max_s))
+    scheduler = replay_scheduler(model, gpu, flags, version)
+    plan = scheduler.plan
+    answers, last_send = asyncio.run(_closed_loop(scheduler, reqs, concurrency, max_s))
     done_all = len(answers) == len(reqs)
     return ClosedLoopResult(cap=plan.max_running_requests,
                             max_total_num_tokens=plan.max_total_num_tokens,
                             answered=len(answers), committed_tokens=sum(o for _, o in answers),
                             seconds=answers[-1][0] if done_all and answers else max_s,
-                            retracted=engine.stats.retracted_total,
+                            retracted=scheduler.stats.retracted_total,
                             steady_tok_s=_steady_rate(answers, concurrency, last_send))

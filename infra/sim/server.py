@@ -31,12 +31,12 @@ from infra.sglang.versions import parse_version
 from infra.sim import openai_api
 from infra.sim.config import SimConfig, parse_sim_args
 from infra.sim.constrained import output_controls
-from infra.sim.engine import SimEngine, SimRequest
 from infra.sim.failures import Failures
 from infra.sim.metrics import Snapshot
 from infra.sim.metrics import render as render_metrics
 from infra.sim.native_api import bad_request, generate_prompts, generate_refusal
 from infra.sim.prefix_cache import PrefixCache, token_bytes
+from infra.sim.scheduler import SchedulerOptions, SimRequest, SimScheduler
 from infra.sim.startup import (
     IMPORT_S,
     READY_LINE,
@@ -54,11 +54,11 @@ from infra.sim.text import EOS_TOKEN_ID, complete, count_prompt_tokens
 class SimServer:
     """State shared by the HTTP handlers."""
 
-    def __init__(self, cfg: SimConfig, plan: MemoryPlan, engine: SimEngine,
+    def __init__(self, cfg: SimConfig, plan: MemoryPlan, scheduler: SimScheduler,
                  vocab_size: int | None = None) -> None:
         self.cfg = cfg
         self.plan = plan
-        self.engine = engine
+        self.scheduler = scheduler
         self.failures = Failures(cfg.faults, cfg.seed, vocab_size)
         self.ready = False
         self.started = time.time()
@@ -74,7 +74,7 @@ class SimServer:
                                     target: int, max_new: int,
                                     request: Request | None) -> SimRequest:
         """Like SGLang, a request whose client went away is aborted and frees its slots."""
-        job = asyncio.ensure_future(self.engine.submit(prompt_tokens, target, max_new,
+        job = asyncio.ensure_future(self.scheduler.submit(prompt_tokens, target, max_new,
                                                        token_bytes(prompt)))
         while True:
             done, _ = await asyncio.wait({job}, timeout=0.5)
@@ -130,7 +130,7 @@ class SimServer:
         }
 
     def _timings(self, req: SimRequest, received: float, latency: float) -> dict[str, Any]:
-        """SGLang's per-request timestamps (wall clock) from the engine's modeled times."""
+        """SGLang's per-request timestamps (wall clock) from the scheduler's modeled times."""
         scale = self.cfg.time_scale
         admitted = req.admitted_at if req.admitted_at is not None else req.arrived_at
         first = req.first_token_at if req.first_token_at is not None else admitted
@@ -239,7 +239,7 @@ def build_app(server: SimServer) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        loop_task = asyncio.create_task(server.engine.run())
+        loop_task = asyncio.create_task(server.scheduler.run())
         warm = asyncio.create_task(warmup(server))
         yield
         warm.cancel()
@@ -259,7 +259,7 @@ def build_app(server: SimServer) -> Starlette:
 
 
 async def warmup(server: SimServer) -> None:
-    await server.engine.submit(4, 1)
+    await server.scheduler.submit(4, 1)
     server.ready = True
     log(READY_LINE)
 
@@ -278,7 +278,7 @@ def server_info_body(server: SimServer) -> dict[str, Any]:
         "mem_fraction_static": plan.mem_fraction_static,
         "max_mamba_cache_size": plan.mamba_slots if plan.mamba_cap is not None else None,
         "max_running_requests": plan.max_running_requests,
-        "last_gen_throughput": server.engine.stats.gen_throughput,
+        "last_gen_throughput": server.scheduler.stats.gen_throughput,
         "memory_usage": {"weight": plan.weights_gib, "kvcache": plan.kv_cache_gib,
                          "token_capacity": plan.max_total_num_tokens, "graph": 0.5},
         "effective_max_running_requests_per_dp": plan.max_running_requests,
@@ -289,14 +289,14 @@ def server_info_body(server: SimServer) -> dict[str, Any]:
 
 
 def metrics_text(server: SimServer) -> str:
-    eng, plan = server.engine, server.plan
-    st = eng.stats
+    sched, plan = server.scheduler, server.plan
+    st = sched.stats
     return render_metrics(server.cfg.model, Snapshot(
         st, max_total_num_tokens=plan.max_total_num_tokens, context_len=plan.context_len,
         mamba_slots=plan.mamba_slots, hybrid=plan.mamba_cap is not None,
-        spec_accept_length=eng.roofline.accept_len if server.cfg.flags.speculative else 0.0,
+        spec_accept_length=sched.roofline.accept_len if server.cfg.flags.speculative else 0.0,
         startup_phases=server.startup_phases),
-        eng.latencies, os.getpid())
+        sched.latencies, os.getpid())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -344,9 +344,9 @@ def main(argv: list[str] | None = None) -> None:
                     and not cfg.flags.disable_radix_cache)
     cache = PrefixCache(plan.mamba_strategy, plan.max_total_num_tokens,
                         enabled=not cfg.flags.disable_radix_cache)
-    engine = SimEngine(plan, roofline, cfg.time_scale, log, cfg.decode_log_interval,
-                       prefix_state, cache=cache, speed=degraded_speed(cfg))
-    server = SimServer(cfg, plan, engine, model.vocab_size)
+    scheduler = SimScheduler(plan, roofline, cfg.time_scale, log, SchedulerOptions(
+        cfg.decode_log_interval, prefix_state, cache=cache, speed=degraded_speed(cfg)))
+    server = SimServer(cfg, plan, scheduler, model.vocab_size)
     modeled = delay * cfg.time_scale  # /metrics speaks modeled GPU seconds
     server.startup_phases = {
         "load_weight": model.weights_gib / WEIGHT_LOAD_GIB_S, "kv_cache_allocation": 0.03,

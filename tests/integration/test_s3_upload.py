@@ -9,9 +9,10 @@ import boto3
 import pytest
 
 from infra.ledger import Ledger, file_sha256
-from infra.storage import S3Destination, StorageError, open_destination
+from infra.storage import S3Destination, S3Patience, StorageError, open_destination
 from tasks.shards import prepare_job
 from tasks.upload import ShardUploader, restore_from, upload_committed
+from tests.rows import answered, failed
 
 
 def committed_output(tmp_path: Path, shards: int = 3, size: int = 4) -> Path:
@@ -23,10 +24,9 @@ def committed_output(tmp_path: Path, shards: int = 3, size: int = 4) -> Path:
     ledger = Ledger(out)
     for shard in range(shards):
         start, stop = state.plan.rows_of(shard)
-        rows = [{"id": f"p{i}", "completion": f"c{i}", "completion_tokens": 1}
-                for i in range(start, stop)]
-        ledger.commit_shard(state.plan, shard, rows[:-1], [{"id": rows[-1]["id"],
-                                                            "error": "HTTP 400: too long"}])
+        rows = [answered(f"p{i}", f"c{i}") for i in range(start, stop)]
+        ledger.commit_shard(state.plan, shard, rows[:-1],
+                            [failed(rows[-1]["id"], "HTTP 400: too long")])
     return out
 
 
@@ -78,7 +78,8 @@ def test_an_interrupted_multipart_upload_does_not_count(tmp_path: Path, s3_endpo
 def test_endpoint_down_is_a_clear_error_and_nothing_is_lost(tmp_path: Path, s3_endpoint: str,
                                                             bucket: str) -> None:
     out = committed_output(tmp_path)
-    dead = S3Destination(bucket, "p", "http://127.0.0.1:9", connect_timeout_s=1, attempts=1)
+    dead = S3Destination(bucket, "p", "http://127.0.0.1:9",
+                         patience=S3Patience(connect_timeout_s=1, attempts=1))
     with pytest.raises(StorageError, match=r"127\.0\.0\.1:9"):
         upload_committed(out, dead)
     uploader = ShardUploader(dead, out)
@@ -148,7 +149,7 @@ def test_s3_503s_are_retried_and_the_upload_completes(tmp_path: Path, s3_endpoin
     try:
         out = committed_output(tmp_path, shards=2)
         dest = S3Destination(bucket, "slow", f"http://127.0.0.1:{proxy.server_port}",
-                             attempts=5)
+                             patience=S3Patience(attempts=5))
         report = upload_committed(out, dest)
     finally:
         proxy.shutdown()

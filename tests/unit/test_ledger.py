@@ -11,6 +11,7 @@ import pytest
 from infra.ledger import Ledger, PlanMismatch, file_sha256, make_plan
 from infra.prompts import validate_input
 from tasks.shards import iter_pending_shards, prepare_job
+from tests.rows import answered, failed
 
 
 def write_prompts(path: Path, n: int, prefix: str = "p") -> Path:
@@ -36,8 +37,7 @@ def test_commit_writes_shard_then_manifest(tmp_path: Path) -> None:
     prompts = write_prompts(tmp_path / "a.jsonl", 4)
     ledger = Ledger(tmp_path / "out")
     plan = ledger.init_plan(make_plan(validate_input(prompts), 2))
-    rows = [{"id": "p0", "completion": "x", "completion_tokens": 3},
-            {"id": "p1", "completion": "y", "completion_tokens": 4}]
+    rows = [answered("p0", "x", 3), answered("p1", "y", 4)]
     entry = ledger.commit_shard(plan, 0, rows, [])
     assert entry.rows == 2 and entry.output_tokens == 7
     assert entry.sha256 == file_sha256(tmp_path / "out" / entry.path)
@@ -49,8 +49,7 @@ def test_errors_go_to_their_own_shard(tmp_path: Path) -> None:
     prompts = write_prompts(tmp_path / "a.jsonl", 2)
     ledger = Ledger(tmp_path / "out")
     plan = ledger.init_plan(make_plan(validate_input(prompts), 2))
-    entry = ledger.commit_shard(plan, 0, [{"id": "p0", "completion": "x"}],
-                                [{"id": "p1", "error": "HTTP 400: too long", "attempts": 1}])
+    entry = ledger.commit_shard(plan, 0, [answered("p0")], [failed("p1", "HTTP 400: too long")])
     assert entry.errors == 1 and entry.error_path == "errors/shard-000000.parquet"
     errs = pl.read_parquet(tmp_path / "out" / entry.error_path)
     assert errs["error"].to_list() == ["HTTP 400: too long"]
@@ -60,7 +59,7 @@ def test_uncommitted_files_and_temp_files_are_strays(tmp_path: Path) -> None:
     prompts = write_prompts(tmp_path / "a.jsonl", 4)
     state = prepare_job(prompts, tmp_path / "out", 2)
     ledger = Ledger(tmp_path / "out")
-    ledger.commit_shard(state.plan, 0, [{"id": "p0"}, {"id": "p1"}], [])
+    ledger.commit_shard(state.plan, 0, [answered("p0"), answered("p1")], [])
     (ledger.shards_dir / "shard-000001.parquet").write_bytes(b"renamed but not in manifest")
     (ledger.shards_dir / ".shard-000001.parquet.tmp").write_bytes(b"half")
     state = prepare_job(prompts, tmp_path / "out", 2)
@@ -72,7 +71,7 @@ def test_torn_manifest_line_is_cut_and_shard_redone(tmp_path: Path) -> None:
     prompts = write_prompts(tmp_path / "a.jsonl", 4)
     state = prepare_job(prompts, tmp_path / "out", 2)
     ledger = Ledger(tmp_path / "out")
-    ledger.commit_shard(state.plan, 0, [{"id": "p0"}, {"id": "p1"}], [])
+    ledger.commit_shard(state.plan, 0, [answered("p0"), answered("p1")], [])
     with open(ledger.manifest_path, "a") as fh:
         fh.write('{"shard": 1, "rows": 2')
     state = prepare_job(prompts, tmp_path / "out", 2)
@@ -90,13 +89,11 @@ def test_pending_shards_stream_in_order_skipping_committed(tmp_path: Path) -> No
 def _committed_job(tmp_path: Path, prompts: Path) -> Path:
     state = prepare_job(prompts, tmp_path / "out", 2)
     ledger = Ledger(tmp_path / "out")
-    ledger.commit_shard(state.plan, 0, [{"id": "p0", "completion": "a", "finish_reason": "stop",
-                                         "prompt_tokens": 2, "completion_tokens": 1},
-                                        {"id": "p1", "completion": "b", "finish_reason": "length",
-                                         "prompt_tokens": 2, "completion_tokens": 5}], [])
-    ledger.commit_shard(state.plan, 1, [{"id": "p2", "completion": "c", "finish_reason": "stop",
-                                         "prompt_tokens": 2, "completion_tokens": 1}],
-                        [{"id": "p3", "error": "HTTP 400: too long", "attempts": 1}])
+    ledger.commit_shard(state.plan, 0, [answered("p0", "a", 1, model=None),
+                                        answered("p1", "b", 5, finish_reason="length",
+                                                 model=None)], [])
+    ledger.commit_shard(state.plan, 1, [answered("p2", "c", 1, model=None)],
+                        [failed("p3", "HTTP 400: too long")])
     return tmp_path / "out"
 
 

@@ -19,7 +19,7 @@ from infra.sglang.observe import parse_log
 from infra.sglang.profiles import gpu_profile, model_profile
 from infra.sglang.roofline import DEFAULT_CALIBRATION, build_roofline, calibration_for
 from infra.sglang.versions import parse_version
-from infra.sim.engine import tracking_slots
+from infra.sim.scheduler import tracking_slots
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 REAL = FIXTURES / "sglang-0.5.17"

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from infra.sglang.flags import ServerFlags
+from infra.sglang.hardware import Hardware
 from infra.sglang.memory import plan_memory
 from infra.sglang.observe import parse_log
 from infra.sglang.planner import predict_tok_s
@@ -84,7 +85,7 @@ def test_memory_model_gives_the_pools_the_real_servers_allocated(run: str) -> No
 def test_simulator_reproduces_the_real_end_to_end_throughput(run: str) -> None:
     flags, log_name, epoch = RUNS[run]
     real = committed_tok_s(log_name, epoch)
-    sim = replay(MODEL, H200, flags, V0517, requests=1500, prompt_tokens=PROMPT,
+    sim = replay(Hardware(MODEL, H200, V0517), flags, requests=1500, prompt_tokens=PROMPT,
                  output_tokens=OUTPUT)
     assert sim.busy_tok_s == pytest.approx(real, rel=0.10), (run, sim, real)
 

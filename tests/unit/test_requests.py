@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from tasks.requests import DispatchOptions, build_request, output_row, sampling_for
+from infra.output_row import Answer
+from tasks.requests import Delivery, DispatchOptions, build_request, output_row, sampling_for
 
 OPTS = DispatchOptions("m", None, {"max_new_tokens": 32, "temperature": 0.0, "top_p": 1.0,
                                    "seed": 7, "ignore_eos": False, "stop": ["END"]},
@@ -43,16 +44,16 @@ def test_per_row_sampling_overrides_and_no_seed_stays_none() -> None:
 
 def test_output_row_keeps_or_drops_the_users_columns() -> None:
     row = {"id": 5, "prompt": "p", "topic": "x"}
-    answer = {"completion": "c", "finish_reason": "stop", "prompt_tokens": 1,
-              "completion_tokens": 1, "cached_tokens": 0}
+    answer = Answer(completion="c", finish_reason="stop", prompt_tokens=1,
+                    completion_tokens=1, cached_tokens=0)
     _, body = build_request(row, OPTS)
-    kept = output_row(row, OPTS, 1, answer, body, "server-0", "cfg", "0.5.17", 0.5)
+    kept = output_row(row, OPTS, answer, Delivery(1, body, "server-0", "cfg", "0.5.17", 0.5))
     assert kept["topic"] == "x" and kept["id"] == 5 and kept["sample_index"] == 1
     assert kept["model"] == "m" and kept["sglang_version"] == "0.5.17"
     assert json.loads(kept["sampling_params"])["stop"] == ["END"]
     lean = output_row(row, DispatchOptions("m", None, {}, 30.0, 3, 0.01,
                                            keep_input_columns=False),
-                      0, answer, body, "server-0", "cfg", None, 0.5)
+                      answer, Delivery(0, body, "server-0", "cfg", None, 0.5))
     assert "topic" not in lean and "prompt" not in lean and lean["id"] == 5
 
 
@@ -62,3 +63,38 @@ def test_the_jobs_stop_strings_leave_constrained_rows_alone() -> None:
     assert "stop" not in constrained
     own = sampling_for({"id": 1, "prompt": "p", "regex": "a+", "stop": ["!"]}, OPTS, 0)
     assert own["stop"] == ["!"]  # a row's own stop still applies
+
+
+def test_the_output_columns_doc_is_made_from_the_row_definition() -> None:
+    """docs/OUTPUT.md is `python -m infra.output_row`: the doc cannot drift from the row."""
+    from pathlib import Path
+
+    from infra.output_row import markdown
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "OUTPUT.md"
+    assert doc.read_text() == markdown(), "run: python -m infra.output_row > docs/OUTPUT.md"
+
+
+def test_a_shard_gets_the_declared_types_and_refuses_a_row_without_its_columns() -> None:
+    """An all-null sglang_version stays a string column (Parquet inferred Null before); a
+    row missing a column every row has is a bug, refused at the write."""
+    import io
+
+    import polars as pl
+    import pytest
+
+    from infra.output_row import GENERATED, parquet_bytes
+
+    row = {"id": "a", "topic": 3, **output_row(
+        {"id": "a", "prompt": "p"}, OPTS,
+        Answer(completion=None, finish_reason="length", prompt_tokens=2, completion_tokens=4,
+               cached_tokens=0), Delivery(0, {"text": "p"}, "server-0", "cfg", None, 0.1)),
+           "output_ids": [1, 2, 3, 4]}
+    frame = pl.read_parquet(io.BytesIO(parquet_bytes([row], GENERATED)))
+    assert frame.schema["sglang_version"] == pl.String
+    assert frame.schema["completion"] == pl.String
+    assert frame.schema["output_ids"] == pl.List(pl.Int64)
+    assert frame.schema["topic"] == pl.Int64  # the user's column as the input gave it
+    del row["finish_reason"]
+    with pytest.raises(ValueError, match="finish_reason"):
+        parquet_bytes([row], GENERATED)

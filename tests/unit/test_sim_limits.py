@@ -16,8 +16,8 @@ from infra.sglang.memory import plan_memory
 from infra.sglang.profiles import gpu_profile, model_profile
 from infra.sglang.roofline import build_roofline
 from infra.sglang.versions import parse_version
-from infra.sim.engine import SimEngine
 from infra.sim.prefix_cache import PrefixCache, token_bytes
+from infra.sim.scheduler import SchedulerOptions, SimScheduler
 
 DATA = Path(__file__).parents[2] / "bench/real_sglang/data/2026-12-01-h200-s6"
 TINY = Path(__file__).parents[1] / "fixtures/models/tiny-qwen3-next"
@@ -28,14 +28,14 @@ def real_share(file: str, server: str, shape: str) -> float:
     return float(next(r["cached_share"] for r in runs if r["shape"] == shape))
 
 
-def engine(strategy: str, time_scale: float = 1000.0, **flags: Any) -> SimEngine:
+def engine(strategy: str, time_scale: float = 1000.0, **flags: Any) -> SimScheduler:
     sf = ServerFlags(mamba_strategy=strategy, mem_fraction_static=0.2,
                      disable_overlap_schedule=strategy == "no_buffer", **flags)
     plan = plan_memory(model_profile(str(TINY), 0.04), gpu_profile("h200"), sf,
                        parse_version("0.5.17"))
     cache = PrefixCache(plan.mamba_strategy, plan.max_total_num_tokens)
-    return SimEngine(plan, build_roofline(model_profile(str(TINY), 0.04), gpu_profile("h200"),
-                                          sf, plan), time_scale, lambda _l: None, cache=cache)
+    roofline = build_roofline(model_profile(str(TINY), 0.04), gpu_profile("h200"), sf, plan)
+    return SimScheduler(plan, roofline, time_scale, lambda _l: None, SchedulerOptions(cache=cache))
 
 
 def groups(interleave: bool, seed: int) -> list[list[int]]:
@@ -49,7 +49,7 @@ def groups(interleave: bool, seed: int) -> list[list[int]]:
     return [m for group in members for m in group]
 
 
-async def send(eng: SimEngine, prompts: list[list[int]], concurrency: int) -> float:
+async def send(eng: SimScheduler, prompts: list[list[int]], concurrency: int) -> float:
     loop = asyncio.create_task(eng.run())
     sem = asyncio.Semaphore(concurrency)
     cached = total = 0
@@ -106,7 +106,7 @@ def test_eviction_keeps_the_cache_within_the_pool() -> None:
 ARRIVAL_GAP_S = 0.0005  # modeled seconds between the probe's clients' first requests
 
 
-async def closed_loop(eng: SimEngine, clients: int, requests: int, ignore_eos: bool) -> int:
+async def closed_loop(eng: SimScheduler, clients: int, requests: int, ignore_eos: bool) -> int:
     loop = asyncio.create_task(eng.run())
     rng = random.Random(clients)
     sem = asyncio.Semaphore(clients)

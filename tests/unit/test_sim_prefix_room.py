@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.sim.engine import SimEngine
 from infra.sim.prefix_cache import PrefixCache, token_bytes
+from infra.sim.scheduler import SimScheduler
 from tests.unit.test_sim_limits import engine
 
 DATA = Path(__file__).parents[2] / "bench/real_sglang/data/2026-12-01-h200-s7"
@@ -42,7 +42,7 @@ def group_prompts(groups: int, seed: int) -> list[list[list[int]]]:
     return out
 
 
-async def affinity_order(eng: SimEngine, groups: list[list[list[int]]], clients: int) -> float:
+async def affinity_order(eng: SimScheduler, groups: list[list[list[int]]], clients: int) -> float:
     """`clients` workers; a leader's answer puts its followers at the front of the line."""
     loop = asyncio.create_task(eng.run())
     line: deque[tuple[list[int], list[list[int]]]] = deque((g[0], g[1:]) for g in groups)

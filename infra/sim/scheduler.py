@@ -78,24 +78,40 @@ def tracking_slots(strategy: str, overlap: bool, prefix_state: bool = False) -> 
     return live + (1 if prefix_state else 0)
 
 
-class SimEngine:
+@dataclass(frozen=True)
+class SchedulerOptions:
+    """How a simulated server's scheduler behaves beyond its pools and step times.
+
+    `decode_log_interval`: decode steps between log lines (SGLang's default 40).
+    `prefix_state`: mamba states at branch points are locked by the prefix cache (0.5.17+).
+    `max_chunk_steps`: decode steps modeled as one (None: as many as the next event allows;
+    1: exact, for replays). `cache`: the radix cache (None: none). `speed`: < 1 for a
+    degraded GPU (fault injection)."""
+
+    decode_log_interval: int = 40
+    prefix_state: bool = False
+    max_chunk_steps: int | None = None
+    cache: PrefixCache | None = None
+    speed: float = 1.0
+
+
+class SimScheduler:
     """The scheduler loop. `submit` returns the finished request (its modeled times)."""
 
     def __init__(self, plan: MemoryPlan, roofline: Roofline, time_scale: float,
-                 log: Callable[[str], None], decode_log_interval: int = 40,
-                 prefix_state: bool = False, max_chunk_steps: int | None = None,
-                 cache: PrefixCache | None = None, speed: float = 1.0) -> None:
+                 log: Callable[[str], None],
+                 options: SchedulerOptions = SchedulerOptions()) -> None:
         self.plan = plan
         self.roofline = roofline
         self.time_scale = time_scale
         self.log = log
-        self.decode_log_interval = decode_log_interval
+        self.decode_log_interval = options.decode_log_interval
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.stats = EngineStats()
         self._wake = asyncio.Event()
         self._slots_per_request = tracking_slots(plan.mamba_strategy, plan.overlap_schedule,
-                                                 prefix_state)
+                                                 options.prefix_state)
         self._window_tokens = 0.0
         self._window_time = 0.0
         self._modeled_clock = 0.0
@@ -108,9 +124,9 @@ class SimEngine:
         # Steps advanced per loop iteration at most. Unbounded, high time scales batch many
         # steps per wall-clock wake-up, and requests that arrive meanwhile wait for the chunk;
         # SGLang admits them at its next step (an exact replay sets 1).
-        self.max_chunk_steps = max_chunk_steps
-        self.cache = cache or PrefixCache("none", 0, enabled=False)
-        self.speed = speed  # < 1: a degraded GPU (fault injection), every step that slower
+        self.max_chunk_steps = options.max_chunk_steps
+        self.cache = options.cache or PrefixCache("none", 0, enabled=False)
+        self.speed = options.speed  # < 1: a degraded GPU, every step that slower
         self._recent_prefill: deque[tuple[int, int]] = deque(maxlen=32)  # (cached, prompt)
         self._last_cached = 0
 
