@@ -58,3 +58,85 @@ def test_no_function_is_over_80_lines() -> None:
                 if n > 80:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n})")
     assert not long, f"split these: {long}"
+
+
+def _imports_of(path: Path, modules: set[str]) -> set[str]:
+    """The source modules `path` imports (type-checking-only imports included: a circle
+    there is a circle in the design)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = ([node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                 if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                 else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+        found |= {n for n in names if n in modules}
+    return found
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_import_circle() -> None:
+    """Modules import each other in one direction only, within a layer too (the tuner's
+    handlers once imported the epoch that imported them: flows.epoch ⇄ repair ⇄ rollout)."""
+    paths = {_module_name(p): p for p in _modules()}
+    graph = {m: _imports_of(p, set(paths)) - {m} for m, p in paths.items()}
+    circles, index, low, stack, on_stack = [], {}, {}, [], set()
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                circles.append(sorted(part))
+
+    for module in graph:
+        if module not in index:
+            visit(module)
+    assert not circles, circles
+
+
+MAX_PARAMETERS = 7
+
+
+def _entry_point(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """A Typer command or a Prefect flow: its parameters are the interface the user types
+    (one `--option` each: Typer has no option groups) or the Prefect UI and `prefect
+    deployment run --param` show (grouping them would break every deployment made)."""
+    for dec in node.decorator_list:
+        call = dec.func if isinstance(dec, ast.Call) else dec
+        name = call.attr if isinstance(call, ast.Attribute) else getattr(call, "id", "")
+        if name in ("command", "flow"):
+            return True
+    return False
+
+
+def test_no_function_takes_more_than_seven_parameters() -> None:
+    """Records instead of parameter lists (#28: propose took 13, decide_next 15)."""
+    long = []
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            a = node.args
+            names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+            names += [x.arg for x in (a.vararg, a.kwarg) if x is not None]
+            count = len([n for n in names if n not in ("self", "cls")])
+            if count > MAX_PARAMETERS and not _entry_point(node):
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({count})")
+    assert not long, f"pass a record: {long}"
