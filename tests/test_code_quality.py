@@ -82,7 +82,11 @@ def test_no_import_circle() -> None:
     handlers once imported the epoch that imported them: flows.epoch ⇄ repair ⇄ rollout)."""
     paths = {_module_name(p): p for p in _modules()}
     graph = {m: _imports_of(p, set(paths)) - {m} for m, p in paths.items()}
-    circles, index, low, stack, on_stack = [], {}, {}, [], set()
+    circles: list[list[str]] = []
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
 
     def visit(v: str) -> None:  # Tarjan's strongly connected components
         index[v] = low[v] = len(index)
