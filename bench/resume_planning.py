@@ -34,13 +34,13 @@ def make_input(path: Path, rows: int) -> None:
 
 def fake_commits(out: Path, prompts: Path, committed_rows: int) -> None:
     """Write plan + manifest lines for the first `committed_rows` rows (no shard files needed
-    for planning: the manifest is the ledger)."""
-    from infra.ledger import Ledger, make_plan
+    for planning: the manifest is the manifest)."""
+    from infra.manifest import Manifest, make_plan
     from infra.prompts import validate_input
 
-    ledger = Ledger(out)
-    plan = ledger.init_plan(make_plan(validate_input(prompts), SHARD))
-    with open(ledger.manifest_path, "w") as fh:
+    manifest = Manifest(out)
+    plan = manifest.init_plan(make_plan(validate_input(prompts), SHARD))
+    with open(manifest.manifest_path, "w") as fh:
         for shard in range(committed_rows // SHARD):
             fh.write(json.dumps({
                 "shard": shard, "rows": SHARD, "errors": 0, "first_id": "a", "last_id": "b",
@@ -58,12 +58,12 @@ def peak_rss_mb() -> float:
 
 
 def child(mode: str, prompts: str, out: str) -> None:
-    from infra.ledger import Ledger
+    from infra.manifest import Manifest
     from tasks.shards import iter_pending_shards, prepare_job
 
     t0 = time.perf_counter()
     if mode == "plan":
-        Ledger(Path(out)).remove_strays = lambda: []  # type: ignore[method-assign]
+        Manifest(Path(out)).remove_strays = lambda: []  # type: ignore[method-assign]
         state = prepare_job(Path(prompts), Path(out), SHARD)
         result: dict[str, float] = {"pending": len(state.pending)}
     elif mode == "validate":
@@ -73,7 +73,7 @@ def child(mode: str, prompts: str, out: str) -> None:
     else:  # stream every row of the input the way the dispatcher receives it
         import polars as pl
 
-        from infra.ledger import make_plan
+        from infra.manifest import make_plan
         from infra.prompts import InputSummary
 
         rows = pl.scan_parquet(prompts).select(pl.len()).collect().item()

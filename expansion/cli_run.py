@@ -121,7 +121,7 @@ def _run_now(settings: Any, config_file: str | None, overrides: dict[str, Any]) 
     from prefect import tags
 
     from flows.generate import generate
-    from infra.ledger import PlanMismatch
+    from infra.manifest import PlanMismatch
     from infra.prefect_api import use_temporary_api
     from infra.prefect_runs import crash_vanished_runs, process_tag
     from infra.prompts import InputError
@@ -173,11 +173,11 @@ def _report_interrupt(output: Path) -> None:
     """One line instead of a traceback: what is safe on disk and how to go on."""
     import signal
 
-    from infra.ledger import Ledger
+    from infra.manifest import Manifest
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while we print: no trace
     try:
-        done = len(Ledger(output).committed())
+        done = len(Manifest(output).committed())
     except (OSError, ValueError):
         done = 0
     err.print(f"interrupted: {done} shards committed in {output}; servers stopped; run the "
@@ -199,18 +199,18 @@ def _manifest_progress(output: Path) -> Iterator[None]:
         TimeRemainingColumn,
     )
 
-    from infra.ledger import Ledger
+    from infra.manifest import Manifest
 
     done = threading.Event()
-    ledger = Ledger(output)
+    manifest = Manifest(output)
 
     def watch(progress: Progress) -> None:
         task_id = None
         t0, tokens0 = time.monotonic(), None
         while not done.wait(0.5):
             try:
-                plan = ledger.load_plan()
-                committed = ledger.committed()
+                plan = manifest.load_plan()
+                committed = manifest.committed()
             except (FileNotFoundError, ValueError, TypeError):
                 continue
             tokens = sum(e.output_tokens for e in committed.values())
@@ -293,15 +293,15 @@ def settings() -> None:
 @app.command()
 def status(output: Annotated[Path, typer.Argument(help="An output folder.")]) -> None:
     """Progress of a job from its manifest (no server needed)."""
-    from infra.ledger import Ledger
+    from infra.manifest import Manifest
 
-    ledger = Ledger(output)
+    manifest = Manifest(output)
     try:
-        plan = ledger.load_plan()
+        plan = manifest.load_plan()
     except FileNotFoundError as exc:
         fail(str(exc))
         return
-    committed = ledger.committed()
+    committed = manifest.committed()
     rows = sum(e.rows for e in committed.values())
     errors = sum(e.errors for e in committed.values())
     tokens = sum(e.output_tokens for e in committed.values())

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flows.job import Progress, capacity_artifact
+from flows.progress import Progress, capacity_artifact
 from infra.storage import Destination
 from tasks.capacity import capacity_note
 from tasks.health import ServerStartFailed

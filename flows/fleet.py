@@ -23,7 +23,7 @@ from prefect.deployments import run_deployment
 from prefect.states import Cancelled, Cancelling, State
 
 from flows.generate import job_settings
-from infra.ledger import Ledger, make_plan
+from infra.manifest import Manifest, make_plan
 from infra.prompts import validate_input
 from infra.storage import Destination, open_destination
 from tasks.upload import merge_manifests
@@ -117,7 +117,7 @@ def generate_fleet(output: str, prompts: str | None = None, nodes: int = 2,
     dest = open_destination(settings.upload_target() or str(root),
                             settings.storage.endpoint_url, settings.storage.region,
                             settings.storage.multipart_mb)
-    plan = Ledger(root).init_plan(make_plan(validate_input(settings.prompts),
+    plan = Manifest(root).init_plan(make_plan(validate_input(settings.prompts),
                                             settings.shard_size))
     dest.put_bytes((root / "plan.json").read_bytes(), "plan.json")
     committed = {e.shard for e in merge_manifests(dest)}

@@ -3,7 +3,8 @@
 plan shards → [launch servers → wait healthy → measure capacity → generate shards (watched)
 → stop] → upload. When the watch finds a better configuration (or a regression, or a slower
 config to roll back), the bracket repeats with new flags: drain, stop, relaunch, resume. The
-output folder's manifest is the only ledger, so a rerun of the flow resumes where it stopped.
+output folder's manifest is the only record of what is done, so a rerun of the flow resumes
+where it stopped.
 The fleet is stopped on every exit path: `finally` for errors, hooks for cancellation and
 crashes, PDEATHSIG if this process dies.
 """
@@ -19,7 +20,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from flows.epoch import JobContext, run_epoch
-from flows.job import Progress
+from flows.progress import Progress
 from flows.report import write_report
 from flows.summary import RunSummary, ServerSummary, format_summary
 from infra.input_lengths import InputLengths, sample_lengths
@@ -54,8 +55,8 @@ def job_settings(prompts: str | None = None, output: str | None = None,
 
 
 def job_paths(settings: JobSettings, node: str | None) -> tuple[Path, str | None]:
-    """(local ledger folder, upload target). A node of a multi-node job keeps its own ledger
-    under `nodes/<node>` and always publishes to the shared output."""
+    """(local output folder, upload target). A node of a multi-node job keeps its own
+    manifest under `nodes/<node>` and always publishes to the shared output."""
     if node is None:
         return settings.local_output(), settings.upload_target()
     return (settings.local_output() / "nodes" / node,
@@ -105,7 +106,7 @@ def summarize(tuner: Tuner, state: JobState, totals: RunTotals, seconds: float) 
     time_scale = tuner.state.time_scale
     return RunSummary(
         output=settings.upload_target() or str(settings.local_output()),
-        prompts_total=state.plan.input_rows, prompts_done_this_run=totals.done,
+        prompts_total=state.shard_plan.input_rows, prompts_done_this_run=totals.done,
         errors_this_run=totals.errors, already_committed=state.committed_rows,
         output_tokens=totals.tokens, seconds=round(seconds, 2), tok_s=round(wall_tok_s, 1),
         tok_s_modeled_gpu_time=round(wall_tok_s / time_scale, 1), time_scale=time_scale,
@@ -113,7 +114,7 @@ def summarize(tuner: Tuner, state: JobState, totals: RunTotals, seconds: float) 
         servers=[ServerSummary(url=c.url, max_running_requests=c.max_running_requests,
                                max_total_num_tokens=c.max_total_num_tokens,
                                max_mamba_cache_size=c.max_mamba_cache_size) for c in caps],
-        capacity_note=capacity_note(tuner.state.plan() if caps else None, caps),
+        capacity_note=capacity_note(tuner.state.memory_plan() if caps else None, caps),
         restarts=len(tuner.cycles),
         answers_redone_after_drains=max(0, totals.answers - totals.done - totals.errors),
         cycles=[c.record() for c in tuner.cycles],
@@ -155,8 +156,8 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
         if restored:
             logger.info("restored %d committed shards from %s", restored, dest.label)
     state = _pending_state(settings, out, shards)
-    logger.info("plan %s: %d prompts in %d shards, %d pending", state.plan.fingerprint,
-                state.plan.input_rows, state.plan.num_shards, len(state.pending))
+    logger.info("plan %s: %d prompts in %d shards, %d pending", state.shard_plan.fingerprint,
+                state.shard_plan.input_rows, state.shard_plan.num_shards, len(state.pending))
     if state.removed_strays:
         logger.info("removed %d shard files an interrupted run left without a manifest entry "
                     "(they are regenerated)", state.removed_strays)
@@ -188,7 +189,7 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
                                    tuner.state.time_scale, tuner.state.caps_by_epoch)
         create_markdown_artifact(artifact, key="run-report",
                                  description="throughput, pool usage and restarts")
-    if target:  # after the report: the bucket gets it, with the ledger, series and logs
+    if target:  # after the report: the bucket gets it, with the tuning ledger, series and logs
         rep = upload(
             str(out), target, settings.storage.endpoint_url, settings.storage.region,
             manifest_key, settings.storage.multipart_mb, f"nodes/{node}/" if node else "")
@@ -211,13 +212,14 @@ def _run_epochs(state: JobState, ctx: JobContext, tuner: Tuner,
 
 def _input_lengths(settings: JobSettings, state: JobState) -> InputLengths:
     """The lengths the rows fix, for the tuner's first predictions (infra/input_lengths.py)."""
-    plan = state.plan
+    plan = state.shard_plan
     return sample_lengths(Path(plan.input_path), plan.input_rows, plan.id_dtype,
                           settings.sampling.max_new_tokens, settings.sampling.ignore_eos)
 
 
 def _pending_state(settings: JobSettings, out: Path, shards: list[int] | None) -> JobState:
-    """What is left, from the manifest (the only ledger); a node keeps to its shards."""
+    """What is left, from the manifest (the only record of what is done); a node keeps to its
+    shards."""
     state = plan_shards(str(settings.prompts), str(out), settings.shard_size)
     if shards is None:
         return state

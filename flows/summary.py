@@ -40,7 +40,7 @@ class RunSummary(BaseModel):
     capacity_note: str
     restarts: int
     answers_redone_after_drains: int
-    cycles: list[dict[str, Any]]  # flows.job.Cycle.record(): also the tuning-ledger artifact
+    cycles: list[dict[str, Any]]  # tasks.tuning.cycles.Cycle.record(); the tuning-ledger artifact
     final_server_flags: dict[str, Any]
     prompt_tokens: int = 0
     cached_tokens: int = 0  # of prompt_tokens, reused from the servers' prefix caches

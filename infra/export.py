@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import polars as pl
 
-from infra.ledger import Ledger
+from infra.manifest import Manifest
 from infra.output_row import GENERATED, ErrorRow, ShardRow
 
 
@@ -78,9 +78,9 @@ def _error_line(row: ErrorRow) -> dict[str, Any]:
 
 
 def openai_batch_lines(output: Path, model: str) -> Iterator[str]:
-    ledger = Ledger(output)
-    kind = ledger.load_plan().input_kind
-    for entry in sorted(ledger.committed().values(), key=lambda e: e.shard):
+    manifest = Manifest(output)
+    kind = manifest.load_plan().input_kind
+    for entry in sorted(manifest.committed().values(), key=lambda e: e.shard):
         if entry.rows:
             frame = pl.read_parquet(output / entry.path)
             # plans written before input_kind was recorded: the shard's columns tell
@@ -127,10 +127,10 @@ def _replacing(target: Path) -> Iterator[Path]:
 def export_jsonl(output: Path, target: Path) -> int:
     """Every output row with every column (the user's, the generation's, the provenance) as
     JSON lines, shard by shard; error rows are left to errors/ (different columns)."""
-    ledger = Ledger(output)
+    manifest = Manifest(output)
     count = 0
     with _replacing(target) as tmp, open(tmp, "wb") as fh:
-        for entry in sorted(ledger.committed().values(), key=lambda e: e.shard):
+        for entry in sorted(manifest.committed().values(), key=lambda e: e.shard):
             if entry.rows:
                 frame = pl.read_parquet(output / entry.path)
                 frame.write_ndjson(fh)

@@ -243,7 +243,8 @@ class JobSettings(BaseSettings):
         return value
 
     def local_output(self) -> Path:
-        """The folder that holds the ledger: `output`, or a staging copy of an s3:// output."""
+        """The folder that holds the manifest and shards: `output`, or a staging copy of an
+        s3:// output."""
         if self.output.startswith("s3://"):
             bucket_and_prefix = self.output.removeprefix("s3://").strip("/")
             return (Path(self.storage.staging_dir) / bucket_and_prefix).resolve()

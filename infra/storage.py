@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from infra.files import atomic_write
-from infra.ledger import file_sha256
+from infra.manifest import file_sha256
 
 SHA_KEY = "sha256"
 

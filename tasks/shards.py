@@ -17,7 +17,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from infra.ledger import Ledger, ManifestEntry, ShardPlan, make_plan
+from infra.manifest import Manifest, ManifestEntry, ShardPlan, make_plan
 from infra.prompts import iter_rows, open_input, out_of_vocabulary, validate_input
 from infra.settings import JobSettings
 from infra.sglang.profiles import model_profile
@@ -32,7 +32,7 @@ class JobState:
     """Where a job stands before generating: the plan and what is left."""
 
     output: str
-    plan: ShardPlan
+    shard_plan: ShardPlan
     pending: list[int]
     committed_rows: int
     removed_strays: int
@@ -42,10 +42,10 @@ class JobState:
 def prepare_job(prompts: Path, output: Path, shard_size: int) -> JobState:
     """Validate input (before any GPU time), fix or check the plan, clean strays."""
     summary = validate_input(prompts)
-    ledger = Ledger(output)
-    plan = ledger.init_plan(make_plan(summary, shard_size))
-    removed = ledger.remove_strays()
-    committed = ledger.committed()
+    manifest = Manifest(output)
+    plan = manifest.init_plan(make_plan(summary, shard_size))
+    removed = manifest.remove_strays()
+    committed = manifest.committed()
     pending = [s for s in range(plan.num_shards) if s not in committed]
     rows = sum(e.rows + e.errors for e in committed.values())
     return JobState(str(output), plan, pending, rows, len(removed), summary.kind)
@@ -116,7 +116,7 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
                      stop: threading.Event | None = None,
                      control: FleetControl | None = None) -> DispatchStats:
     """Dispatch every pending shard across the fleet; commit shards as they complete."""
-    ledger = Ledger(Path(state.output))
+    manifest = Manifest(Path(state.output))
     endpoints = [endpoint_of(settings, c) for c in capacities]
     s = settings.sampling
     opts = DispatchOptions(
@@ -137,7 +137,8 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
 
     async def commit(shard: int, rows: list[dict[str, Any]],
                      errors: list[dict[str, Any]]) -> None:
-        entry = await asyncio.to_thread(ledger.commit_shard, state.plan, shard, rows, errors)
+        entry = await asyncio.to_thread(manifest.commit_shard, state.shard_plan, shard, rows,
+                                        errors)
         if on_commit is not None:
             # Off the loop: Prefect's artifact calls turn into coroutines (never awaited, so
             # the progress bar never moved) when called from inside a running event loop.
@@ -158,7 +159,7 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
         if control is not None:
             control.bind(dispatcher)
         try:
-            return await dispatcher.run(iter_pending_shards(state.plan, state.pending))
+            return await dispatcher.run(iter_pending_shards(state.shard_plan, state.pending))
         finally:
             if control is not None:
                 control.unbind()

@@ -17,7 +17,7 @@ from tasks.tuning.policy import PrefixReuse
 
 @dataclass
 class RunTotals:
-    """Counted from commits (what the ledger holds), not from answers: a shard cut short by
+    """Counted from commits (what the manifest holds), not from answers: a shard cut short by
     a restart is redone, and its first answers are not counted twice."""
 
     tokens: int = 0

@@ -20,7 +20,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra.files import parse_jsonl
-from infra.ledger import Ledger, ManifestEntry, file_sha256
+from infra.manifest import Manifest, ManifestEntry, file_sha256
 from infra.storage import Destination, StorageError, open_destination
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def upload_entry(dest: Destination, output: Path, entry: ManifestEntry) -> tuple
 
 
 # What a run leaves besides shards, for whoever reads the bucket: how it went (report), what
-# the tuner tried (ledger), the fleet's time series, and the servers' logs (secrets redacted
+# the tuner tried (manifest), the fleet's time series, and the servers' logs (secrets redacted
 # when the servers stopped).
 RECORD_FILES = ("report.md", "report.png", "tuning.jsonl", "monitor/*.parquet",
                 "servers/*.log")
@@ -81,9 +81,9 @@ def upload_committed(output: Path, dest: Destination,
     A node of a multi-node job publishes its manifest under its own key
     (`manifests/<node>.jsonl`) and its records under `nodes/<node>/`; the fleet flow merges
     the manifests."""
-    ledger = Ledger(output)
+    manifest = Manifest(output)
     uploaded = skipped = 0
-    for entry in sorted(ledger.committed().values(), key=lambda e: e.shard):
+    for entry in sorted(manifest.committed().values(), key=lambda e: e.shard):
         up, skip = upload_entry(dest, output, entry)
         uploaded += up
         skipped += skip
@@ -101,14 +101,14 @@ def restore_from(dest: Destination, output: Path) -> int:
     if (output / "plan.json").exists():
         return 0
     plan = dest.get_bytes("plan.json")
-    manifest = dest.get_bytes("manifest.jsonl")
-    if plan is None or manifest is None:
+    entries = dest.get_bytes("manifest.jsonl")
+    if plan is None or entries is None:
         return 0
     output.mkdir(parents=True, exist_ok=True)
-    (output / "manifest.jsonl").write_bytes(manifest)
-    ledger = Ledger(output)
+    (output / "manifest.jsonl").write_bytes(entries)
+    manifest = Manifest(output)
     restored = 0
-    for entry in ledger.committed().values():
+    for entry in manifest.committed().values():
         for key, _ in [(entry.path, entry.sha256)] + ([(entry.error_path, "")]
                                                       if entry.error_path else []):
             data = dest.get_bytes(key)

@@ -54,7 +54,7 @@ def asymmetry_handler(state: TunerState, fleet: RollingFleet, epoch: int,
         if not todo:
             return False
         caps = state.capacities_changed(epoch, fleet.capacities())
-        watch.reconfigured(caps, state.plan(), watch.baseline)
+        watch.reconfigured(caps, state.memory_plan(), watch.baseline)
         return True
 
     return handle
@@ -120,7 +120,7 @@ def relaunch_handler(state: TunerState, fleet: RollingFleet, epoch: int,
             relaunched |= relaunch(index, state, fleet, epoch)
         if relaunched:
             caps = state.capacities_changed(epoch, fleet.capacities())
-            watch.reconfigured(caps, state.plan(), watch.baseline)
+            watch.reconfigured(caps, state.memory_plan(), watch.baseline)
         return relaunched
 
     return handle

@@ -82,7 +82,7 @@ def _rolled_out(move: Move, state: TunerState, fleet: RollingFleet,
     caps = state.capacities_changed(move.epoch, fleet.capacities())
     other = state.ledger.best(config_key(move.candidate.server,
                                          move.candidate.client.concurrency_per_server))
-    watch.reconfigured(caps, state.plan(move.candidate),
+    watch.reconfigured(caps, state.memory_plan(move.candidate),
                        other.tok_s_per_gpu if other else None)
 
 

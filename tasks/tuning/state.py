@@ -52,7 +52,7 @@ class TunerState:
         self.caps_by_epoch[epoch] = caps
         return caps
 
-    def plan(self, settings: JobSettings | None = None) -> MemoryPlan | None:
+    def memory_plan(self, settings: JobSettings | None = None) -> MemoryPlan | None:
         """The memory model's view of these (else the running) flags; None without it."""
         if self.hardware is None:
             return None

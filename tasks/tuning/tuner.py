@@ -115,7 +115,7 @@ class Tuner:
         hardware the policy reasons about, and the memory model's view of the flags."""
         self.state.hardware = engine_for(self.settings).hardware(self.settings, caps[0].version)
         self.state.capacities_changed(epoch, caps)
-        return self.state.plan()
+        return self.state.memory_plan()
 
     def watch(self, epoch: int, fleet: RollingFleet, work: WorkLeft,
               startup_s: float) -> RegressionWatch:
@@ -129,7 +129,7 @@ class Tuner:
         watch = RegressionWatch(
             state.monitor,
             WatchTargets({f"server-{c.index}": c.max_running_requests for c in caps},
-                         state.plan(), state.time_scale, settings.tuning.window_s,
+                         state.memory_plan(), state.time_scale, settings.tuning.window_s,
                          settings.tuning.target_tok_s_per_gpu,
                          best.tok_s_per_gpu if best else None),
             self._may_move(work, len(caps)), self._proposer(), pace.gain_needed)

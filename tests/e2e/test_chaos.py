@@ -23,7 +23,7 @@ import boto3
 import polars as pl
 import pytest
 
-from infra.ledger import Ledger
+from infra.manifest import Manifest
 from tests.conftest import free_port_block
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +67,7 @@ def life_until(out: str, src: Path, env: dict[str, str], s3: str,
 def committed_rows(out: str) -> int:
     if not Path(out, "plan.json").exists():
         return 0
-    return sum(e.rows + e.errors for e in Ledger(Path(out)).committed().values())
+    return sum(e.rows + e.errors for e in Manifest(Path(out)).committed().values())
 
 
 def server_log_bytes(out: str) -> int:
@@ -113,7 +113,7 @@ def test_sigkill_at_six_moments_loses_and_duplicates_nothing(
     run_to_end(chaos_out, src, env, target)
     assert progress[0] > 0 and progress[-1] > progress[0], progress
 
-    chaos = Ledger(Path(chaos_out)).read_completions()
+    chaos = Manifest(Path(chaos_out)).read_completions()
     assert chaos.height == PROMPTS and chaos["id"].n_unique() == PROMPTS
 
     s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
@@ -130,7 +130,7 @@ def test_sigkill_at_six_moments_loses_and_duplicates_nothing(
     clean_src.write_text("".join(json.dumps(r) + "\n" for r in sample))
     clean_out = str(tmp_path / "clean")
     run_to_end(clean_out, clean_src, env, None)
-    clean = Ledger(Path(clean_out)).read_completions()
+    clean = Manifest(Path(clean_out)).read_completions()
     cols = ["id", "completion", "finish_reason", "completion_tokens"]
     picked = chaos.filter(pl.col("id").is_in([r["id"] for r in sample]))
     assert clean.height == SAMPLE

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.ledger import Ledger
+from infra.manifest import Manifest
 from infra.processes import ProcessRegistry, is_alive, port_is_free
 from tests.conftest import free_port_block, stop_process_group
 
@@ -81,7 +81,7 @@ def test_deployment_run_completes_through_a_worker(worker: dict[str, str],
                    *run_params(out, src, free_port_block(2), 400.0), "--watch",
                    "--watch-interval", "1", timeout=400)
     assert "Completed" in text
-    frame = Ledger(out).read_completions()
+    frame = Manifest(out).read_completions()
     assert frame.height == 300 and frame["id"].n_unique() == 300
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.ledger import Ledger
+from infra.manifest import Manifest
 
 # The seeds' mamba-bound start (extra_buffer on the 27B FP8 shapes), as in test_tuning.py.
 SERVERS = {"model": "qwen3.6-27b-fp8", "sim.gpu": "rtx-pro-6000", "sim.time_scale": 20.0,
@@ -35,7 +35,7 @@ def test_external_servers_answer_every_prompt_once_stay_up_and_get_advice(
         "server.mamba_strategy": "extra_buffer", "sampling.max_new_tokens": 1024,
         "shard_size": 50, "tuning.window_s": 4.0, "tuning.sample_interval_s": 0.5,
         "tuning.restart_payback": 1.0})
-    frame = Ledger(out).read_completions()
+    frame = Manifest(out).read_completions()
     assert frame.height == n and frame["id"].n_unique() == n  # every prompt, once
     assert {r["server"] for r in frame.select("server").to_dicts()} == {"server-0", "server-1"}
     for h in handles:  # still up: the job never stopped them

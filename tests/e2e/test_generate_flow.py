@@ -11,7 +11,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from infra.ledger import Ledger
+from infra.manifest import Manifest
 from infra.processes import port_is_free
 from tests.conftest import free_port_block
 
@@ -40,7 +40,7 @@ def test_every_prompt_has_exactly_one_completion(prefect_api: None, tmp_path: Pa
     assert summary["prompts_done_this_run"] == 300
     assert len(summary["servers"]) == 2
     assert all(s["max_running_requests"] > 0 for s in summary["servers"])
-    frame = Ledger(out).read_completions()
+    frame = Manifest(out).read_completions()
     assert frame.height == 300
     assert frame["id"].n_unique() == 300
     assert set(frame["id"]) == {f"id-{i:04d}" for i in range(300)}
@@ -71,14 +71,14 @@ def test_resume_after_partial_output_completes_the_rest(prefect_api: None,
     src = prompts(tmp_path / "p.jsonl", 200)
     out = tmp_path / "out"
     generate(prompts=str(src), output=str(out), gpus=[0], overrides=overrides())
-    ledger = Ledger(out)
-    full = ledger.read_completions().sort("id")
+    manifest = Manifest(out)
+    full = manifest.read_completions().sort("id")
     # Drop two committed shards from the ledger as if they had never been committed.
-    lines = ledger.manifest_path.read_text().splitlines(keepends=True)
-    ledger.manifest_path.write_text("".join(lines[:2]))
+    lines = manifest.manifest_path.read_text().splitlines(keepends=True)
+    manifest.manifest_path.write_text("".join(lines[:2]))
     summary = generate(prompts=str(src), output=str(out), gpus=[0, 1], overrides=overrides())
     assert summary["prompts_done_this_run"] == 100
-    resumed = ledger.read_completions().sort("id")
+    resumed = manifest.read_completions().sort("id")
     assert resumed["id"].to_list() == full["id"].to_list()
     assert resumed["completion"].to_list() == full["completion"].to_list()
 

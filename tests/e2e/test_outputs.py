@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 from infra.export import export_jsonl, export_openai_batch
-from infra.ledger import Ledger
+from infra.manifest import Manifest
 from tests.conftest import free_port_block
 
 SCHEMA = {"type": "object", "properties": {"title": {"type": "string"},
@@ -47,7 +47,7 @@ def test_ids_columns_samples_stops_and_schemas(prefect_api: None, tmp_path: Path
                                   "sampling.stop": ["because"], "sampling.max_new_tokens": 64,
                                   "tuning.enabled": False})
     assert summary["errors_this_run"] == 0
-    rows = Ledger(out).read_completions()
+    rows = Manifest(out).read_completions()
     assert rows.schema["id"] == pl.Int64 and rows.height == 240
     # Every (id, sample) once; joins back on the id as given, no cast.
     assert rows.select("id", "sample_index").n_unique() == 240

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.ledger import Ledger
+from infra.manifest import Manifest
 from tasks.local_servers import registry_for
 from tests.conftest import free_port_block
 
@@ -63,7 +63,7 @@ def test_a_server_that_dies_is_relaunched_alone_and_nothing_is_lost(prefect_api:
     assert relaunches[0]["reason"].startswith("server-1's process is gone"), relaunches
     logs = sorted(p.name for p in (out / "servers").glob("*.log"))
     assert "server-1-gpu1.relaunch.log" in logs, logs
-    frame = Ledger(out).read_completions()
+    frame = Manifest(out).read_completions()
     assert frame.height == ROWS and frame["id"].n_unique() == ROWS
     assert summary["errors_this_run"] == 0
     # The relaunched server took work again: rows answered by server-1 after the kill.
@@ -93,7 +93,7 @@ def test_a_row_that_kills_servers_is_quarantined_and_the_job_completes(prefect_a
         "base_port": port, "sim.startup_s": 0.2, "sim.time_scale": 20.0,
         "sampling.max_new_tokens": 32, "shard_size": 50, "stop_grace_s": 5.0,
         "tuning.enabled": False, "sim.faults": {"crash_on_text": "POISON"}})
-    frame = Ledger(out).read_completions()
+    frame = Manifest(out).read_completions()
     assert frame.height == rows - 1 and frame["id"].n_unique() == rows - 1
     assert "r00137" not in set(frame["id"].to_list())
     errors = pl.read_parquet(out / "errors" / "*.parquet")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from infra.ledger import Ledger
+from infra.manifest import Manifest
 from tasks.tuning.ledger import TuningLedger
 from tests.conftest import free_port_block
 
@@ -36,7 +36,7 @@ def run(tmp_path: Path, n_prompts: int, gpus: int, **overrides: Any) -> tuple[di
             **overrides}
     summary = generate(prompts=str(prompts(tmp_path / "p.jsonl", n_prompts)), output=str(out),
                        gpus=list(range(gpus)), overrides=opts)
-    frame = Ledger(out).read_completions()
+    frame = Manifest(out).read_completions()
     assert frame.height + summary["errors_this_run"] == n_prompts
     assert frame["id"].n_unique() == frame.height  # nothing duplicated across restarts
     return summary, out
@@ -169,6 +169,6 @@ def test_a_slow_server_is_restarted_alone_and_the_rest_keep_generating(
     assert not any(name.startswith(("server-0-gpu0.", "server-1-gpu1.")) and
                    name.count(".") > 1 for name in logs), logs  # the others never restarted
     assert "restarted alone" in (out / "report.md").read_text()
-    frame = Ledger(out).read_completions()
+    frame = Manifest(out).read_completions()
     late = frame.filter(frame["server"] == "server-2")
     assert late.height > 0

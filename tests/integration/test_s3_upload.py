@@ -8,7 +8,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from infra.ledger import Ledger, file_sha256
+from infra.manifest import Manifest, file_sha256
 from infra.storage import S3Destination, S3Patience, StorageError, open_destination
 from tasks.shards import prepare_job
 from tasks.upload import ShardUploader, restore_from, upload_committed
@@ -21,11 +21,11 @@ def committed_output(tmp_path: Path, shards: int = 3, size: int = 4) -> Path:
                                for i in range(shards * size)))
     out = tmp_path / "out"
     state = prepare_job(prompts, out, size)
-    ledger = Ledger(out)
+    manifest = Manifest(out)
     for shard in range(shards):
-        start, stop = state.plan.rows_of(shard)
+        start, stop = state.shard_plan.rows_of(shard)
         rows = [answered(f"p{i}", f"c{i}") for i in range(start, stop)]
-        ledger.commit_shard(state.plan, shard, rows[:-1],
+        manifest.commit_shard(state.shard_plan, shard, rows[:-1],
                             [failed(rows[-1]["id"], "HTTP 400: too long")])
     return out
 
@@ -83,7 +83,7 @@ def test_endpoint_down_is_a_clear_error_and_nothing_is_lost(tmp_path: Path, s3_e
     with pytest.raises(StorageError, match=r"127\.0\.0\.1:9"):
         upload_committed(out, dead)
     uploader = ShardUploader(dead, out)
-    for entry in Ledger(out).committed().values():
+    for entry in Manifest(out).committed().values():
         uploader.submit(entry)
     # The start (plan, the remote manifest) and the three shards failed: counted, not raised,
     # so generation goes on; nothing is published mid-run without the remote manifest.
@@ -99,7 +99,7 @@ def test_resume_on_a_new_machine_restores_from_the_bucket(tmp_path: Path, s3_end
     upload_committed(out, dest)
     fresh = tmp_path / "elsewhere"
     assert restore_from(dest, fresh) == 3
-    assert Ledger(fresh).committed().keys() == {0, 1, 2}
+    assert Manifest(fresh).committed().keys() == {0, 1, 2}
     assert (fresh / "plan.json").read_bytes() == (out / "plan.json").read_bytes()
     assert restore_from(dest, fresh) == 0  # already has a plan: nothing to do
 
@@ -163,7 +163,7 @@ def test_the_bucket_is_a_complete_record_mid_run(tmp_path: Path, s3_endpoint: st
     """Seen before: 6 shards in the bucket but no manifest, so a resume elsewhere redid all.
     Now each committed shard is followed by the manifest, on top of what earlier runs put."""
     out = committed_output(tmp_path, shards=3)
-    entries = sorted(Ledger(out).committed().values(), key=lambda e: e.shard)
+    entries = sorted(Manifest(out).committed().values(), key=lambda e: e.shard)
     dest = open_destination(f"s3://{bucket}/mid", s3_endpoint)
     earlier = ShardUploader(dest, out)  # an earlier run published shard 0, then died
     earlier.submit(entries[0])
@@ -176,5 +176,5 @@ def test_the_bucket_is_a_complete_record_mid_run(tmp_path: Path, s3_endpoint: st
     assert remote == [0, 2]  # the earlier run's entry kept, each listed after its object
     fresh = tmp_path / "elsewhere"
     assert restore_from(dest, fresh) == 2  # the resume regenerates shard 1 only
-    assert Ledger(fresh).committed().keys() == {0, 2}
-    assert prepare_job(Path(Ledger(fresh).load_plan().input_path), fresh, 4).pending == [1]
+    assert Manifest(fresh).committed().keys() == {0, 2}
+    assert prepare_job(Path(Manifest(fresh).load_plan().input_path), fresh, 4).pending == [1]

@@ -72,7 +72,7 @@ def test_api_key_is_secret() -> None:
 
 def test_capacity_row_keeps_measured_and_requested_apart() -> None:
     """A restart that requested 256 running requests got 85: the artifact must say 85."""
-    from flows.job import capacity_row
+    from flows.progress import capacity_row
     from tasks.capacity import Capacity
 
     settings = load_settings(None, **{"server": {"max_running_requests": 256}})

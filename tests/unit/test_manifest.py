@@ -1,4 +1,4 @@
-"""The output folder is the ledger: atomic shards, append-only manifest, fixed plan."""
+"""The output folder is the manifest: atomic shards, append-only manifest, fixed plan."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from infra.ledger import Ledger, PlanMismatch, file_sha256, make_plan
+from infra.manifest import Manifest, PlanMismatch, file_sha256, make_plan
 from infra.prompts import validate_input
 from tasks.shards import iter_pending_shards, prepare_job
 from tests.rows import answered, failed
@@ -23,9 +23,9 @@ def write_prompts(path: Path, n: int, prefix: str = "p") -> Path:
 def test_plan_is_fixed_and_resume_against_other_input_fails(tmp_path: Path) -> None:
     prompts = write_prompts(tmp_path / "a.jsonl", 25)
     state = prepare_job(prompts, tmp_path / "out", 10)
-    assert state.plan.num_shards == 3 and state.pending == [0, 1, 2]
+    assert state.shard_plan.num_shards == 3 and state.pending == [0, 1, 2]
     again = prepare_job(prompts, tmp_path / "out", 10)
-    assert again.plan == state.plan
+    assert again.shard_plan == state.shard_plan
     other = write_prompts(tmp_path / "b.jsonl", 25, prefix="x")
     with pytest.raises(PlanMismatch, match="holds a run over other input"):
         prepare_job(other, tmp_path / "out", 10)
@@ -35,21 +35,21 @@ def test_plan_is_fixed_and_resume_against_other_input_fails(tmp_path: Path) -> N
 
 def test_commit_writes_shard_then_manifest(tmp_path: Path) -> None:
     prompts = write_prompts(tmp_path / "a.jsonl", 4)
-    ledger = Ledger(tmp_path / "out")
-    plan = ledger.init_plan(make_plan(validate_input(prompts), 2))
+    manifest = Manifest(tmp_path / "out")
+    plan = manifest.init_plan(make_plan(validate_input(prompts), 2))
     rows = [answered("p0", "x", 3), answered("p1", "y", 4)]
-    entry = ledger.commit_shard(plan, 0, rows, [])
+    entry = manifest.commit_shard(plan, 0, rows, [])
     assert entry.rows == 2 and entry.output_tokens == 7
     assert entry.sha256 == file_sha256(tmp_path / "out" / entry.path)
     assert pl.read_parquet(tmp_path / "out" / entry.path)["id"].to_list() == ["p0", "p1"]
-    assert set(ledger.committed()) == {0}
+    assert set(manifest.committed()) == {0}
 
 
 def test_errors_go_to_their_own_shard(tmp_path: Path) -> None:
     prompts = write_prompts(tmp_path / "a.jsonl", 2)
-    ledger = Ledger(tmp_path / "out")
-    plan = ledger.init_plan(make_plan(validate_input(prompts), 2))
-    entry = ledger.commit_shard(plan, 0, [answered("p0")], [failed("p1", "HTTP 400: too long")])
+    manifest = Manifest(tmp_path / "out")
+    plan = manifest.init_plan(make_plan(validate_input(prompts), 2))
+    entry = manifest.commit_shard(plan, 0, [answered("p0")], [failed("p1", "HTTP 400: too long")])
     assert entry.errors == 1 and entry.error_path == "errors/shard-000000.parquet"
     errs = pl.read_parquet(tmp_path / "out" / entry.error_path)
     assert errs["error"].to_list() == ["HTTP 400: too long"]
@@ -58,25 +58,25 @@ def test_errors_go_to_their_own_shard(tmp_path: Path) -> None:
 def test_uncommitted_files_and_temp_files_are_strays(tmp_path: Path) -> None:
     prompts = write_prompts(tmp_path / "a.jsonl", 4)
     state = prepare_job(prompts, tmp_path / "out", 2)
-    ledger = Ledger(tmp_path / "out")
-    ledger.commit_shard(state.plan, 0, [answered("p0"), answered("p1")], [])
-    (ledger.shards_dir / "shard-000001.parquet").write_bytes(b"renamed but not in manifest")
-    (ledger.shards_dir / ".shard-000001.parquet.tmp").write_bytes(b"half")
+    manifest = Manifest(tmp_path / "out")
+    manifest.commit_shard(state.shard_plan, 0, [answered("p0"), answered("p1")], [])
+    (manifest.shards_dir / "shard-000001.parquet").write_bytes(b"renamed but not in manifest")
+    (manifest.shards_dir / ".shard-000001.parquet.tmp").write_bytes(b"half")
     state = prepare_job(prompts, tmp_path / "out", 2)
     assert state.removed_strays == 2 and state.pending == [1]
-    assert sorted(p.name for p in ledger.shards_dir.iterdir()) == ["shard-000000.parquet"]
+    assert sorted(p.name for p in manifest.shards_dir.iterdir()) == ["shard-000000.parquet"]
 
 
 def test_torn_manifest_line_is_cut_and_shard_redone(tmp_path: Path) -> None:
     prompts = write_prompts(tmp_path / "a.jsonl", 4)
     state = prepare_job(prompts, tmp_path / "out", 2)
-    ledger = Ledger(tmp_path / "out")
-    ledger.commit_shard(state.plan, 0, [answered("p0"), answered("p1")], [])
-    with open(ledger.manifest_path, "a") as fh:
+    manifest = Manifest(tmp_path / "out")
+    manifest.commit_shard(state.shard_plan, 0, [answered("p0"), answered("p1")], [])
+    with open(manifest.manifest_path, "a") as fh:
         fh.write('{"shard": 1, "rows": 2')
     state = prepare_job(prompts, tmp_path / "out", 2)
     assert state.pending == [1]
-    assert ledger.manifest_path.read_text().endswith("\n")
+    assert manifest.manifest_path.read_text().endswith("\n")
 
 
 def test_pending_shards_stream_in_order_skipping_committed(tmp_path: Path) -> None:
@@ -88,11 +88,11 @@ def test_pending_shards_stream_in_order_skipping_committed(tmp_path: Path) -> No
 
 def _committed_job(tmp_path: Path, prompts: Path) -> Path:
     state = prepare_job(prompts, tmp_path / "out", 2)
-    ledger = Ledger(tmp_path / "out")
-    ledger.commit_shard(state.plan, 0, [answered("p0", "a", 1, model=None),
+    manifest = Manifest(tmp_path / "out")
+    manifest.commit_shard(state.shard_plan, 0, [answered("p0", "a", 1, model=None),
                                         answered("p1", "b", 5, finish_reason="length",
                                                  model=None)], [])
-    ledger.commit_shard(state.plan, 1, [answered("p2", "c", 1, model=None)],
+    manifest.commit_shard(state.shard_plan, 1, [answered("p2", "c", 1, model=None)],
                         [failed("p3", "HTTP 400: too long")])
     return tmp_path / "out"
 

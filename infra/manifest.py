@@ -1,4 +1,4 @@
-"""The output folder as the job's only ledger: plan, committed shards, manifest.
+"""The output folder's manifest, the job's only record of what is done: plan, shards, manifest.
 
 Layout under the output root:
   plan.json               the shard plan, fixed at the first run, fingerprinted
@@ -85,7 +85,7 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-class Ledger:
+class Manifest:
     """Reads and writes the output layout above."""
 
     def __init__(self, root: Path) -> None:

@@ -15,7 +15,7 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
-from infra.ledger import ManifestEntry
+from infra.manifest import ManifestEntry
 from infra.settings import JobSettings
 from tasks.capacity import Capacity
 from tasks.shards import JobState
@@ -46,7 +46,7 @@ class Progress:
     def __init__(self, state: JobState, logger: Any, uploader: ShardUploader | None,
                  totals: RunTotals) -> None:
         self.totals = totals
-        self.total = state.plan.num_shards
+        self.total = state.shard_plan.num_shards
         self.start_done = self.done = self.total - len(state.pending)
         self.tokens = 0
         self.t0 = time.monotonic()
