@@ -1,8 +1,8 @@
 """What the tuner knows and has changed over a run, in one record with one owner
 (tasks/tuning/tuner.py): the configuration the fleet runs now, the hardware it reasons about,
 the tuning ledger, every cycle, the measured capacities, the advice written for servers it
-may not restart. The handlers of a cycle (rollout, repair, advice) receive it and change it
-through the few methods below; nothing else writes it.
+may not restart. The tuner and the handlers it gives the watch (rollout, repair, advice)
+change it; nothing outside tasks/tuning/ writes it (the flow reads it for the summary).
 """
 
 from __future__ import annotations
