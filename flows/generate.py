@@ -101,9 +101,9 @@ def _stop_fleet_hook(flow_: Any, flow_run: Any, state: Any) -> None:
 
 
 def summarize(tuner: Tuner, state: JobState, totals: RunTotals, seconds: float) -> RunSummary:
-    settings, caps = tuner.settings, tuner.state.capacities
+    settings, caps = tuner.settings, tuner.capacities
     wall_tok_s = totals.tokens / seconds if seconds > 0 else 0.0
-    time_scale = tuner.state.time_scale
+    time_scale = tuner.time_scale
     return RunSummary(
         output=settings.upload_target() or str(settings.local_output()),
         prompts_total=state.shard_plan.input_rows, prompts_done_this_run=totals.done,
@@ -114,7 +114,7 @@ def summarize(tuner: Tuner, state: JobState, totals: RunTotals, seconds: float) 
         servers=[ServerSummary(url=c.url, max_running_requests=c.max_running_requests,
                                max_total_num_tokens=c.max_total_num_tokens,
                                max_mamba_cache_size=c.max_mamba_cache_size) for c in caps],
-        capacity_note=capacity_note(tuner.state.memory_plan() if caps else None, caps),
+        capacity_note=capacity_note(tuner.memory_plan() if caps else None, caps),
         restarts=len(tuner.cycles),
         answers_redone_after_drains=max(0, totals.answers - totals.done - totals.errors),
         cycles=[c.record() for c in tuner.cycles],
@@ -123,7 +123,7 @@ def summarize(tuner: Tuner, state: JobState, totals: RunTotals, seconds: float) 
         prompt_tokens=totals.prompt_tokens, cached_tokens=totals.cached_tokens,
         prefix_affinity_chars=settings.client.prefix_affinity_chars,
         client_concurrency=settings.client.concurrency_per_server, primers=totals.primers,
-        advice=tuner.state.advice)
+        advice=tuner.advice)
 
 
 @flow(name="generate", on_cancellation=[_stop_fleet_hook],  # type: ignore[list-item]
@@ -184,9 +184,9 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
             monitor.write(out / "monitor" / f"metrics-{int(time.time())}.parquet")
     settings = tuner.settings
     summary = summarize(tuner, initial, totals, time.monotonic() - started)
-    if tuner.state.capacities:
+    if tuner.capacities:
         _, artifact = write_report(out, summary, monitor.snapshot(), summary.cycles,
-                                   tuner.state.time_scale, tuner.state.caps_by_epoch)
+                                   tuner.time_scale, tuner.caps_by_epoch)
         create_markdown_artifact(artifact, key="run-report",
                                  description="throughput, pool usage and restarts")
     if target:  # after the report: the bucket gets it, with the tuning ledger, series and logs

@@ -99,9 +99,33 @@ class Tuner:
         """The configuration the fleet runs now."""
         return self.state.settings
 
+    # --- what the run's summary and report read ------------------------------------------
+
     @property
     def cycles(self) -> list[Cycle]:
         return self.state.cycles
+
+    @property
+    def capacities(self) -> list[Capacity]:
+        """The servers' own figures, as the fleet stands now."""
+        return self.state.capacities
+
+    @property
+    def caps_by_epoch(self) -> dict[int, dict[str, int]]:
+        return self.state.caps_by_epoch
+
+    @property
+    def advice(self) -> list[dict[str, Any]]:
+        """The moves written down for servers it may not restart (engine=external)."""
+        return self.state.advice
+
+    @property
+    def time_scale(self) -> float:
+        return self.state.time_scale
+
+    def memory_plan(self) -> MemoryPlan | None:
+        """The memory model's view of the running flags (None where it has none)."""
+        return self.state.memory_plan()
 
     # --- an epoch's fleet ---------------------------------------------------------------
 
