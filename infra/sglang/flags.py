@@ -23,6 +23,10 @@ def scaled_ratio(ratio: float, factor: float) -> float:
     return round(min(ratio * factor, MAX_MAMBA_FULL_MEMORY_RATIO), 3)
 
 
+# SGLang 0.5.17 spells it --cuda-graph-max-bs-decode, with --cuda-graph-max-bs as an alias
+GRAPH_MAX_BS_FLAGS = ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode")
+
+
 class ServerFlags(BaseModel):
     """Server-side knobs. None means "SGLang's default" (resolved by the memory model)."""
 
@@ -65,7 +69,41 @@ class ServerFlags(BaseModel):
         if self.mamba_strategy == "no_buffer" and self.page_size not in (None, 1):
             raise ValueError("page_size: no_buffer requires page_size 1; drop page_size or "
                              "use extra_buffer")
+        given = self._graph_max_bs_arg()
+        if given is not None and not given[1].isdigit():
+            raise ValueError(f"server.extra_args: --cuda-graph-max-bs takes a whole number, "
+                             f"not {given[1]!r}")
         return self
+
+    def _graph_max_bs_arg(self) -> tuple[int, str] | None:
+        """(index in extra_args of the item holding the value, the value) of the decode
+        CUDA-graph batch size, given as `--flag N` or `--flag=N`; None: not given."""
+        args = self.extra_args
+        for i, arg in enumerate(args):
+            name, equals, value = arg.partition("=")
+            if name in GRAPH_MAX_BS_FLAGS:
+                if equals:
+                    return i, value
+                return (i + 1, args[i + 1]) if i + 1 < len(args) else (i, "")
+        return None
+
+    @property
+    def graph_max_bs(self) -> int | None:
+        """The largest decode batch SGLang captures a CUDA graph for, where extra_args give it
+        (`--cuda-graph-max-bs`, or `--cuda-graph-max-bs-decode`); None: SGLang's default for
+        the GPU. Larger batches run eager (its log: `cuda graph: False`)."""
+        given = self._graph_max_bs_arg()
+        return int(given[1]) if given is not None else None
+
+    def with_graph_max_bs(self, batch: int) -> ServerFlags:
+        """The same flags with the given CUDA-graph batch size (the user's spelling kept)."""
+        given = self._graph_max_bs_arg()
+        if given is None:
+            raise ValueError("no --cuda-graph-max-bs in extra_args to change")
+        args = list(self.extra_args)
+        at, value = given
+        args[at] = args[at][:len(args[at]) - len(value)] + str(batch)
+        return self.with_changes(extra_args=tuple(args))
 
     @property
     def speculative(self) -> bool:

@@ -84,6 +84,7 @@ def default_mem_fraction(gpu: GpuProfile, model: ModelProfile, flags: ServerFlag
     """SGLang's `_handle_gpu_memory_settings` heuristic (reserved MiB → fraction)."""
     chunked, graph_bs = gpu_memory_defaults(gpu)
     chunked = flags.chunked_prefill_size or chunked
+    graph_bs = flags.graph_max_bs or graph_bs  # an explicit size is what the reserve uses
     reserved = 512 + 1.5 * max(chunked, 2048) + flags.tp_size / 8 * 1024 + 2 * graph_bs
     if version.reserves_prefill_graph and prefill_graph_captured(model):
         reserved += 8 * len(prefill_graph_sizes(chunked))
@@ -192,6 +193,7 @@ def plan_memory(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
     strategy, overlap = resolve_strategy(model, flags, ver)
     m = flags.mem_fraction_static or default_mem_fraction(gpu, model, flags, ver)
     chunked, graph_bs = gpu_memory_defaults(gpu)
+    graph_bs = flags.graph_max_bs or graph_bs
     weights = model.weights_gib / flags.tp_size
     rest = _rest_after_weights(gpu, weights, m)
     requested = flags.max_running_requests

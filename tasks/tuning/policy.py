@@ -142,6 +142,24 @@ def fit_to_kv(label: str, candidate: ServerFlags, plan: MemoryPlan, demand: Dema
             "request)", capped, hw.plan(capped))
 
 
+def graphs_for_cap(label: str, candidate: ServerFlags, plan: MemoryPlan,
+                   hw: Hardware) -> tuple[str, ServerFlags, MemoryPlan]:
+    """A candidate whose cap runs past the CUDA-graph batch size the user pinned
+    (`--cuda-graph-max-bs` in extra_args) gets graphs up to its cap: the step-time model
+    scores graphed batches, and the larger ones would run eager. On the H200 (tiny
+    Qwen3-Next) a cap of 120 kept at graphs of 32 measured 0.95-0.96× where 1.41-1.52× was
+    predicted (sessions 5 and 15), while one server with graphs to 256 ran 96 clients at
+    14,332 tok/s against 3,364 for 48 clients at graphs to 32 (docs/REAL_SGLANG.md, the
+    limits probe). SGLang's default graph size (256 on an H200) already covers the caps the
+    policy proposes; only a pinned one needs this."""
+    pinned = candidate.graph_max_bs
+    if pinned is None or plan.max_running_requests <= pinned:
+        return label, candidate, plan
+    lifted = candidate.with_graph_max_bs(plan.max_running_requests)
+    return (f"{label}, CUDA graphs up to {plan.max_running_requests} (were {pinned}: larger "
+            "batches run eager)", lifted, hw.plan(lifted))
+
+
 @dataclass(frozen=True)
 class Search:
     """What a proposal is scored against and kept within.
@@ -225,6 +243,7 @@ def _scored_candidates(flags: ServerFlags, current: MemoryPlan | None,
         try:
             label, candidate, plan = fit_to_kv(label, candidate, hw.plan(candidate),
                                                search.demand, hw)
+            label, candidate, plan = graphs_for_cap(label, candidate, plan, hw)
         except PoolsDoNotFit:
             continue
         raw = screen.tok_s_per_gpu(hw.model, hw.gpu, candidate, plan, hw.version)

@@ -9,8 +9,9 @@ through tasks/engines/ (RealSGLang), and every output row through infra/output_r
   job ran a canary: server-2 restarted onto max_running_requests 120 (RealSGLang.stop_one,
   launch_specs, start_one, wait_healthy, capacity), measured 0.95× against its control
   group, and was restarted back — every prompt once, no error. (Session 5 saw the same move
-  measure 0.96×: above `--cuda-graph-max-bs 32` the batches run eager, which the step-time
-  model does not know.)
+  measure 0.96×: the job pins `--cuda-graph-max-bs 32`, and the canary's batches above 32
+  ran eager, which the step-time model does not score; the policy now lifts the graphs with
+  the cap.)
 - The outputs run (n = 2, a JSON schema on every other row, integer ids, a `topic` column):
   the shards' schema is exactly the declared one.
 """
@@ -25,6 +26,7 @@ import polars as pl
 
 from infra.output_row import GENERATED
 from infra.settings import load_settings
+from infra.sglang.flags import ServerFlags
 from infra.sglang.hardware import Hardware
 from infra.sglang.planner import Demand
 from infra.sglang.profiles import gpu_profile, model_profile
@@ -70,13 +72,23 @@ def test_the_canary_restarted_one_real_server_there_and_back() -> None:
             "measured, 1.41× predicted), 2 server restarts") in text
 
 
-def test_todays_policy_proposes_the_move_the_run_tried() -> None:
+def test_todays_policy_proposes_the_move_the_run_tried_with_graphs_to_its_cap() -> None:
     settings = load_settings(str(JOB))
     hw = Hardware(model_profile(str(TINY), 0.04), gpu_profile("h200"), parse_version("0.5.17"))
     proposal = propose(Diagnosis("request-capped", "", 8000.0), settings.server, None,
                        Search(hw, demand=Demand(2048, Workload(45, 130)), pinned=True))
     assert proposal is not None and proposal.flags.max_running_requests == 120
     assert proposal.predicted_gain is not None and round(proposal.predicted_gain, 2) == 1.41
+    # What the run tried kept `--cuda-graph-max-bs 32`: its batches above 32 ran eager, and
+    # it measured 0.95×. Today's policy lifts the graphs with the cap (policy.graphs_for_cap).
+    # (session 5's ledger has the flags; today's log the same move, no graphs lifted)
+    session5 = DATA.parent / "2026-12-01-h200-s5" / "rollback" / "tuning.jsonl"
+    tried = ServerFlags.model_validate(json.loads(session5.read_text().splitlines()[1])["flags"])
+    assert tried.max_running_requests == 120 and tried.graph_max_bs == 32
+    assert ("max_running_requests 32→120 (what the pools hold) (pools kept) — predicted"
+            in log("canary-rollback-mrr32to120.log"))
+    assert proposal.flags.graph_max_bs == 120
+    assert "CUDA graphs up to 120 (were 32" in proposal.reason
 
 
 def test_the_payback_explains_which_jobs_moved() -> None:

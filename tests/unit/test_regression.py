@@ -240,3 +240,24 @@ def test_no_buffer_at_its_mamba_cap_is_mamba_bound_though_usage_reads_low() -> N
     assert "counts live states" in d.evidence
     seed = diagnose([w()], {"s0": 31}, EB_PLAN)  # extra_buffer at 59 %: no footnote needed
     assert seed.kind == "mamba-bound" and "live states" not in seed.evidence
+
+
+def test_a_cap_past_the_pinned_cuda_graphs_lifts_them() -> None:
+    """Batches above `--cuda-graph-max-bs` run eager, which the step-time model does not
+    score (real H200: 0.95× measured where 1.41× was predicted); a candidate whose cap passes
+    the pinned size gets graphs up to its cap, in the user's spelling."""
+    pinned = ServerFlags(mamba_strategy="extra_buffer", max_running_requests=16,
+                         extra_args=("--cuda-graph-max-bs-decode=16", "--load-format", "dummy"))
+    assert pinned.graph_max_bs == 16
+    assert plan_memory(FP8, RTX, pinned, V).graph_max_bs == 16  # SGLang's log: cuda graph: False
+    assert plan_memory(FP8, RTX, EB, V).graph_max_bs == 256  # the GPU's default
+    p = propose(Diagnosis("request-capped", "", 500.0), pinned, None, Search(HW))
+    assert p is not None and p.flags.max_running_requests != 16
+    cap = plan_memory(FP8, RTX, p.flags, V).max_running_requests
+    assert p.flags.graph_max_bs == cap > 16
+    assert p.flags.extra_args == (f"--cuda-graph-max-bs-decode={cap}", "--load-format", "dummy")
+    assert f"CUDA graphs up to {cap} (were 16" in p.reason
+    import pytest
+
+    with pytest.raises(ValueError, match="--cuda-graph-max-bs takes a whole number, not 'x'"):
+        ServerFlags(extra_args=("--cuda-graph-max-bs", "x"))
