@@ -11,6 +11,7 @@ the tuner's state.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +88,8 @@ class Pace:
 
 
 class Tuner:
+    """One run's tuner: created once per flow run, asked at every epoch (module docstring)."""
+
     def __init__(self, settings: JobSettings, ledger: TuningLedger, monitor: FleetMonitor,
                  totals: RunTotals, logger: Any) -> None:
         engine = engine_for(settings)
@@ -193,7 +196,7 @@ class Tuner:
         return Search(state.hardware, frozenset(tried), demand, state.mem_ceiling, min_gain,
                       tuning.allow_lossy, self._shared_gpus(), state.totals.prefix_reuse())
 
-    def _proposer(self) -> Any:
+    def _proposer(self) -> Callable[[Diagnosis, float], Proposal | None]:
         def can_propose(diag: Diagnosis, min_gain: float) -> Proposal | None:
             search = self.search(min_gain)
             if search is None:
