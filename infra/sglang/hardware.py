@@ -18,13 +18,13 @@ class Hardware:
     gpu: GpuProfile
     version: SGLangVersion
 
-    def plan(self, flags: ServerFlags) -> MemoryPlan:
+    def memory_plan(self, flags: ServerFlags) -> MemoryPlan:
         """SGLang's pools for these flags; raises PoolsDoNotFit as SGLang would refuse."""
         return plan_memory(self.model, self.gpu, flags, self.version)
 
-    def plan_or_none(self, flags: ServerFlags) -> MemoryPlan | None:
+    def memory_plan_or_none(self, flags: ServerFlags) -> MemoryPlan | None:
         """The pools, or None where SGLang would not start with these flags."""
         try:
-            return self.plan(flags)
+            return self.memory_plan(flags)
         except PoolsDoNotFit:
             return None

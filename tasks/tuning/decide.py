@@ -41,7 +41,7 @@ class NextConfig:
 def _resolved_mem_fraction(flags: ServerFlags, hw: Hardware | None) -> float | None:
     if flags.mem_fraction_static is not None:
         return flags.mem_fraction_static
-    plan = hw.plan_or_none(flags) if hw is not None else None
+    plan = hw.memory_plan_or_none(flags) if hw is not None else None
     return plan.mem_fraction_static if plan is not None else None
 
 

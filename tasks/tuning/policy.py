@@ -139,7 +139,7 @@ def fit_to_kv(label: str, candidate: ServerFlags, plan: MemoryPlan, demand: Dema
         return label, candidate, plan
     capped = candidate.with_changes(max_running_requests=fit)
     return (f"{label}, capped at {fit} (what the KV pool holds at {per_request:,} tokens a "
-            "request)", capped, hw.plan(capped))
+            "request)", capped, hw.memory_plan(capped))
 
 
 def graphs_for_cap(label: str, candidate: ServerFlags, plan: MemoryPlan,
@@ -157,7 +157,7 @@ def graphs_for_cap(label: str, candidate: ServerFlags, plan: MemoryPlan,
         return label, candidate, plan
     lifted = candidate.with_graph_max_bs(plan.max_running_requests)
     return (f"{label}, CUDA graphs up to {plan.max_running_requests} (were {pinned}: larger "
-            "batches run eager)", lifted, hw.plan(lifted))
+            "batches run eager)", lifted, hw.memory_plan(lifted))
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
     if diagnosis.kind not in ("mamba-bound", "kv-bound", "request-capped", "compute-bound"):
         return None
     hw, demand = search.hardware, search.demand
-    current = hw.plan_or_none(flags)
+    current = hw.memory_plan_or_none(flags)
     baseline = (demand.tok_s_per_gpu(hw.model, hw.gpu, flags, current, hw.version)
                 if current else 0.0)
     pool = _scored_candidates(flags, current, search)
@@ -241,7 +241,7 @@ def _scored_candidates(flags: ServerFlags, current: MemoryPlan | None,
         if not _allowed(candidate, flags, search):
             continue
         try:
-            label, candidate, plan = fit_to_kv(label, candidate, hw.plan(candidate),
+            label, candidate, plan = fit_to_kv(label, candidate, hw.memory_plan(candidate),
                                                search.demand, hw)
             label, candidate, plan = graphs_for_cap(label, candidate, plan, hw)
         except PoolsDoNotFit:

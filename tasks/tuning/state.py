@@ -56,4 +56,4 @@ class TunerState:
         """The memory model's view of these (else the running) flags; None without it."""
         if self.hardware is None:
             return None
-        return self.hardware.plan_or_none((settings or self.settings).server)
+        return self.hardware.memory_plan_or_none((settings or self.settings).server)
