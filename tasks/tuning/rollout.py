@@ -103,8 +103,8 @@ def record_cycle(cycle: CanaryCycle, move: Move, state: TunerState) -> None:
     """Ledger lines (current measured by the control group, the candidate by the canary),
     the run's cycle list, the tuning-ledger artifact and one log line with the verdict."""
     now = time.time()
-    current, candidate, diag, proposal = move.current, move.candidate, move.diagnosis, \
-        move.proposal
+    current, candidate = move.current, move.candidate
+    diag, proposal = move.diagnosis, move.proposal
     concurrency = current.client.concurrency_per_server
     state.ledger.record(LedgerEntry(
         move.epoch, current.server.model_dump(mode="json"),
