@@ -49,7 +49,7 @@ def request_list(run: dict[str, Any], cap: int) -> list[tuple[int, int]]:
     """(prompt tokens, max_new_tokens) per request, in send order."""
     rng = random.Random(run.get("seed", 1))
     if run["workload"] == "fixed":
-        n = int(run.get("caps", 4) * cap)
+        n = int(run.get("requests") or run.get("caps", 4) * cap)
         return [(int(run["prompt_tokens"]), int(run["output_tokens"]))] * n
     lo, hi = run["prompt_range"]
     n = int(run["requests"])
