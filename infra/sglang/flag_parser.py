@@ -23,6 +23,11 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "tp_size": ("--tp-size", "--tensor-parallel-size"),
 }
 NOT_FLAGS = frozenset({"extra_args"})  # argv items, not one flag
+# SGLang flags that are no ServerFlags field but that the model reads from extra_args (the
+# decode graph size, the linear-attention backend extra_buffer needs, dummy weights' routing)
+# or carries to the launch unmodelled (the MoE kernels' backend): kept verbatim, in order.
+CARRIED = ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", "--linear-attn-backend",
+           "--load-format", "--moe-runner-backend")
 
 
 def flag_names(field: str) -> tuple[str, ...]:
@@ -74,6 +79,8 @@ def parse_server_flags(argv: list[str]) -> ServerFlags:
     parser.add_argument("--mamba-strategy", dest="mamba_strategy", choices=strategies)
     for name in ("--model-path", "--model", "--host", "--port", "--api-key", "--config"):
         parser.add_argument(name)
+    for name in CARRIED:
+        parser.add_argument(name, dest=name, action="append", default=[])
     try:
         namespace, unknown = parser.parse_known_args(argv)
     except argparse.ArgumentError as exc:
@@ -81,4 +88,6 @@ def parse_server_flags(argv: list[str]) -> ServerFlags:
     if unknown:
         raise ValueError(f"{unknown[0]}: not a server flag the memory model knows; "
                          "`expansion settings` lists those it does (server.*, as --flag-name)")
-    return flags_from(namespace)
+    carried = tuple(item for name in CARRIED for value in getattr(namespace, name)
+                    for item in (name, value))
+    return flags_from(namespace, **({"extra_args": carried} if carried else {}))

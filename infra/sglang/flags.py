@@ -96,10 +96,12 @@ class ServerFlags(BaseModel):
         return int(given[1]) if given is not None else None
 
     def with_graph_max_bs(self, batch: int) -> ServerFlags:
-        """The same flags with the given CUDA-graph batch size (the user's spelling kept)."""
+        """The same flags with the given CUDA-graph batch size (the user's spelling kept;
+        `--cuda-graph-max-bs N` added where none was given)."""
         given = self._graph_max_bs_arg()
         if given is None:
-            raise ValueError("no --cuda-graph-max-bs in extra_args to change")
+            return self.with_changes(extra_args=(*self.extra_args, GRAPH_MAX_BS_FLAGS[0],
+                                                 str(batch)))
         args = list(self.extra_args)
         at, value = given
         args[at] = args[at][:len(args[at]) - len(value)] + str(batch)

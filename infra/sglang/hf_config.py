@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.sglang.shapes import GIB, MambaShape, ModelProfile
+from infra.sglang.shapes import GIB, MambaShape, ModelProfile, MoeShape
 
 # Fields that only a model with state layers has: seen in a config no reader claims, they
 # mean a hybrid the planner cannot size.
@@ -35,7 +35,6 @@ class StateLayers:
     linear: int
     shape: MambaShape
     attention: int
-    extra_buffer_ok: bool = True
     mla_kv_dim: int = 0
 
 
@@ -75,7 +74,7 @@ def _nemotron_h(cfg: dict[str, Any]) -> StateLayers:
                        state_size=int(cfg["ssm_state_size"]),
                        n_groups=int(_first(cfg, "n_groups", "mamba_n_groups")),
                        conv_kernel=int(_first(cfg, "conv_kernel", "mamba_d_conv")))
-    return StateLayers(pattern.count("M"), shape, pattern.count("*"), extra_buffer_ok=False)
+    return StateLayers(pattern.count("M"), shape, pattern.count("*"))
 
 
 def _mamba2_shape(cfg: dict[str, Any], intermediate: int) -> MambaShape:
@@ -112,8 +111,7 @@ def _lfm2(cfg: dict[str, Any]) -> StateLayers:
     conv = sum(1 for t in types if t in ("conv", "short_conv"))
     shape = MambaShape(num_heads=1, head_dim=int(cfg["hidden_size"]), state_size=0,
                        n_groups=1, conv_kernel=int(cfg["conv_L_cache"]))
-    return StateLayers(conv, shape, sum(1 for t in types if t == "full_attention"),
-                       extra_buffer_ok=False)
+    return StateLayers(conv, shape, sum(1 for t in types if t == "full_attention"))
 
 
 def _kimi_linear(cfg: dict[str, Any]) -> StateLayers:
@@ -174,6 +172,7 @@ def profile_from_hf_config(path: Path, weights_gib: float | None = None) -> Mode
         kv_heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
         state = _state_layers(arch, cfg, path)
         ssm_dtype = str(cfg.get("mamba_ssm_dtype", raw.get("mamba_ssm_dtype", "float32")))
+        moe = moe_shape(cfg, arch)
     except (KeyError, TypeError) as exc:
         raise ValueError(f"model: {path} lacks or mangles field {exc}; is it a HF config?") from exc
     return ModelProfile(
@@ -190,12 +189,11 @@ def profile_from_hf_config(path: Path, weights_gib: float | None = None) -> Mode
         draft_layers=int(cfg.get("mtp_num_hidden_layers", cfg.get("num_nextn_predict_layers", 0))),
         vlm_mem_factor=0.925 if "vision_config" in raw else 1.0,
         ssm_dtype_bytes=2 if ssm_dtype in ("bfloat16", "float16") else 4,
-        # Dense: every bf16 weight is touched per token. MoE: unknown from the config alone.
-        active_params_b=0.0 if _is_moe(cfg) else weights_gib * GIB / 2 / 1e9,
+        active_params_b=_active_params_b(weights_gib, moe),
         attention_layers=state.attention if state else None,
         mla_kv_dim=state.mla_kv_dim if state else 0,
-        extra_buffer_ok=state.extra_buffer_ok if state else True,
         vocab_size=_vocab_size(cfg, raw),
+        moe=moe,
     )
 
 
@@ -204,8 +202,45 @@ def _vocab_size(cfg: dict[str, Any], raw: dict[str, Any]) -> int | None:
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
-def _is_moe(cfg: dict[str, Any]) -> bool:
-    return any(cfg.get(k) for k in ("num_experts", "n_routed_experts", "num_local_experts"))
+def moe_shape(cfg: dict[str, Any], arch: str) -> MoeShape | None:
+    """The routed experts as SGLang's MoE blocks read them: Qwen3-Next/3.5 (`num_experts`,
+    `moe_intermediate_size`, `shared_expert_intermediate_size`, every layer but
+    `mlp_only_layers`), DeepSeek-style Kimi-Linear (`first_k_dense_replace` dense layers,
+    `num_shared_experts` of the routed size), NemotronH (the pattern's `E` layers, squared-ReLU
+    experts: two matrices, not three), Granite (`num_local_experts`). None: dense MLPs."""
+    experts = int(cfg.get("num_experts") or cfg.get("n_routed_experts")
+                  or cfg.get("num_local_experts") or 0)
+    top_k = int(cfg.get("num_experts_per_tok") or cfg.get("num_experts_per_token") or 0)
+    if experts <= 1 or top_k <= 0:
+        return None
+    hidden = int(cfg["hidden_size"])
+    inter = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size"))
+    layers = int(cfg["num_hidden_layers"])
+    matrices = 3
+    if arch in ("NemotronHForCausalLM", "NemotronHPuzzleForCausalLM"):
+        pattern = str(cfg.get("hybrid_override_pattern") or "".join(
+            "E" if w == "moe" else "-" for w in cfg.get("layers_block_type", [])))
+        moe_layers, matrices = pattern.count("E"), 2
+        shared = int(cfg.get("moe_shared_expert_intermediate_size") or 0)
+    else:
+        moe_layers = (layers - int(cfg.get("first_k_dense_replace") or 0)
+                      - len(cfg.get("mlp_only_layers") or []))
+        shared = int(cfg.get("shared_expert_intermediate_size")
+                     or int(cfg.get("num_shared_experts") or cfg.get("n_shared_experts") or 0)
+                     * inter)
+    return MoeShape(num_experts=experts, top_k=top_k, moe_layers=moe_layers,
+                    expert_params=matrices * hidden * inter,
+                    shared_params=matrices * hidden * shared)
+
+
+def _active_params_b(weights_gib: float, moe: MoeShape | None) -> float:
+    """Billions of parameters one token runs through (bf16 weights): all of them for a dense
+    model; for an MoE the weights less the routed experts it is not sent to."""
+    total = weights_gib * GIB / 2
+    if moe is None:
+        return total / 1e9
+    idle = moe.routed_params * (1 - moe.top_k / moe.num_experts)
+    return max(total - idle, 0.0) / 1e9
 
 
 def _weights_from_index(folder: Path) -> float | None:

@@ -11,6 +11,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from infra.sglang import strategy
 from infra.sglang.flags import ServerFlags
 from infra.sglang.profiles import GIB, GpuProfile, ModelProfile
 from infra.sglang.versions import SGLangVersion, parse_version
@@ -59,10 +60,27 @@ class MemoryPlan:
     graph_max_bs: int
     warnings: tuple[str, ...]
 
+    @property
+    def graphs_cover_cap(self) -> bool:
+        """Whether a full batch replays a CUDA graph; above `graph_max_bs` SGLang 0.5.17 runs
+        eager: slower (72.7 ms against 37.8 ms a step at 313 running, Qwen3.6-35B-A3B on the
+        H200), and the eager attention's buffers are not reserved (Kimi-Linear-48B-A3B died
+        of CUDA OOM on its first batch above 256: bench/real_sglang/data/2026-12-03-h200-s16)."""
+        return self.max_running_requests <= self.graph_max_bs
+
     def to_dict(self) -> dict[str, object]:
         data = asdict(self)
         data["warnings"] = list(self.warnings)
+        data["graphs_cover_cap"] = self.graphs_cover_cap
         return data
+
+
+def covering_graphs(flags: ServerFlags, plan: MemoryPlan) -> ServerFlags | None:
+    """The flags with decode CUDA graphs raised to the plan's cap, where it runs past them
+    (None: the graphs already cover it)."""
+    if plan.graphs_cover_cap:
+        return None
+    return flags.with_graph_max_bs(plan.max_running_requests)
 
 
 def gpu_memory_defaults(gpu: GpuProfile) -> tuple[int, int]:
@@ -115,22 +133,12 @@ def prefill_graph_sizes(max_tokens: int) -> list[int]:
 
 def resolve_strategy(model: ModelProfile, flags: ServerFlags,
                      version: SGLangVersion) -> tuple[str, bool]:
-    """(strategy, overlap_on) after SGLang's auto resolution (reference §1.1)."""
-    overlap = not flags.disable_overlap_schedule
-    if not model.hybrid:
-        return "none", overlap
-    strategy = flags.mamba_strategy
-    extra_ok = model.extra_buffer_ok  # 0.5.17: GDN, KDA, Falcon-H1, Granite; not NemotronH, LFM2
-    if strategy == "auto":
-        wants_extra = overlap or (flags.page_size or 1) > 1
-        strategy = ("extra_buffer" if version.auto_prefers_extra_buffer and wants_extra
-                    and extra_ok else "no_buffer")
-    if strategy.startswith("extra_buffer") and not extra_ok:
-        raise PoolsDoNotFit(f"extra_buffer is not supported for {model.architecture}; use "
-                            "no_buffer (SGLang's own check)")
-    if strategy == "no_buffer":
-        overlap = False  # old builds disable it; new ones demand it (checked at launch)
-    return strategy, overlap
+    """(strategy, overlap_on) as the release resolves them (strategy.py), or PoolsDoNotFit
+    with SGLang's own refusal."""
+    try:
+        return strategy.resolve_strategy(model, flags, version)
+    except strategy.StrategyRefused as exc:
+        raise PoolsDoNotFit(str(exc)) from exc
 
 
 def slot_ratio(strategy: str, overlap: bool, flags: ServerFlags) -> int:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from infra.sglang.flags import ServerFlags, scaled_ratio
 from infra.sglang.launch import UnsupportedFlags, check_flags
-from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, plan_memory
+from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, covering_graphs, plan_memory
 from infra.sglang.profiles import GpuProfile, ModelProfile
 from infra.sglang.roofline import build_roofline
 from infra.sglang.versions import SGLangVersion
@@ -143,5 +143,11 @@ def alternatives(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
     current = evaluate("current", model, gpu, flags, version, avg_context, workload)
     rows = [current]
     for label, candidate in candidate_flags(model, flags, current.plan):
-        rows.append(evaluate(label, model, gpu, candidate, version, avg_context, workload))
+        row = evaluate(label, model, gpu, candidate, version, avg_context, workload)
+        if row.plan is not None and not row.plan.graphs_cover_cap:
+            # a cap past the graphs would run eager: raise them with it
+            lifted = covering_graphs(candidate, row.plan) or candidate
+            row = evaluate(f"{label}, CUDA graphs up to {row.plan.max_running_requests}",
+                           model, gpu, lifted, version, avg_context, workload)
+        rows.append(row)
     return rows

@@ -18,6 +18,7 @@ from pathlib import Path
 from infra.sglang.flags import ServerFlags
 from infra.sglang.memory import MemoryPlan, per_slot_bytes
 from infra.sglang.profiles import GpuProfile, ModelProfile
+from infra.sglang.shapes import MoeShape
 
 CALIBRATION_FILE = Path(__file__).parent / "data" / "step_calibration.json"
 
@@ -34,6 +35,18 @@ class StepCalibration:
     # Prefill: fraction of peak bf16 FLOPs reached. 0.5 is a guess the seeds never tested;
     # the H200's comes from SGLang's own prefill lines (bench/real_sglang/fit.py).
     prefill_efficiency: float = 0.5
+    # MoE decode: the routed experts' grouped GEMMs reach this share of peak bf16 FLOPs (small
+    # per-expert batches); fitted on the Qwen3.6-35B-A3B shapes (bench/real_sglang/fit_moe.py)
+    moe_efficiency: float = 0.05
+    # A batch above the decode CUDA-graph size runs eager: this much more per layer and step
+    # (the same fit: 72.7 ms eager against 37.8 ms graphed at 313 running, 40 layers)
+    eager_layer_s: float = 0.0
+    # Per running request and linear-attention layer, on top of per_request_overhead_s (the MoE
+    # fit: 35B-A3B's 30 GDN and Kimi-Linear's 20 KDA layers cost in proportion)
+    per_linear_layer_request_s: float = 0.0
+    # Under --load-format dummy a random router sends a batch's tokens to few experts: the
+    # share of them it spreads over, per architecture, as measured (1.0 where unmeasured)
+    dummy_routed_spread: tuple[tuple[str, float], ...] = ()
 
 
 # The seeds' fit (RTX PRO 6000, a pre-rename build): seed 000 extra_buffer with 31 running
@@ -49,14 +62,26 @@ def measured_calibrations() -> dict[str, StepCalibration]:
     """GPU name (as in its profile) → constants fitted from real runs on it."""
     raw = json.loads(CALIBRATION_FILE.read_text())
     names = {f.name for f in fields(StepCalibration)}
-    return {gpu: StepCalibration(**{k: v for k, v in values.items() if k in names})
-            for gpu, values in raw.items()}
+    out = {}
+    for gpu, values in raw.items():
+        kept = {k: v for k, v in values.items() if k in names}
+        kept["dummy_routed_spread"] = tuple(sorted(kept.get("dummy_routed_spread", {}).items()))
+        out[gpu] = StepCalibration(**kept)
+    return out
+
+
+# The MoE fit saw 256-expert models; a small test MoE (the tiny Qwen3-Next's 8 experts, whose
+# step is the scheduler's, not its weights') keeps the GPU's own constants.
+MOE_CALIBRATED_EXPERTS = 64
 
 
 def calibration_for(gpu: GpuProfile, model: ModelProfile | None = None) -> StepCalibration:
     """The constants measured for this family on this GPU (`H200/mamba2`), else the GPU's
     own (fitted on the Qwen3.6-27B shapes, a GDN hybrid), else the seeds' fit."""
     table = measured_calibrations()
+    if (model is not None and model.moe and model.moe.num_experts >= MOE_CALIBRATED_EXPERTS
+            and f"{gpu.name}/{model.family}-moe" in table):
+        return table[f"{gpu.name}/{model.family}-moe"]
     if model is not None and f"{gpu.name}/{model.family}" in table:
         return table[f"{gpu.name}/{model.family}"]
     return table.get(gpu.name, DEFAULT_CALIBRATION)
@@ -69,7 +94,7 @@ SPEC_COST_PER_DRAFT_TOKEN = 0.12
 class Roofline:
     """Step-time model for one server configuration."""
 
-    weights_bytes: float
+    weights_bytes: float  # everything a step reads whatever the batch (routed experts aside)
     state_bytes_per_request: float  # read + write of one request's mamba state per step
     kv_bytes_per_token: float
     bandwidth_bps: float
@@ -79,17 +104,45 @@ class Roofline:
     accept_len: float
     spec_factor: float
     calibration: StepCalibration = DEFAULT_CALIBRATION
+    moe: MoeShape | None = None
+    expert_bytes: float = 0.0  # one routed expert of one layer, on one GPU
+    graph_max_bs: int = 0  # larger batches run eager (0: graphs cover every batch)
+    num_layers: int = 0
+    routed_spread: float = 1.0  # share of the routed experts a batch's tokens spread over
+    linear_layers: int = 0
 
     def decode_step_s(self, running: int, avg_context_tokens: float) -> float:
         """Seconds of GPU time for one decode step of `running` requests."""
         traffic = self.weights_bytes + running * (
             self.state_bytes_per_request + avg_context_tokens * self.kv_bytes_per_token)
         cal = self.calibration
-        step = (traffic / self.bandwidth_bps + running * cal.per_request_overhead_s
-                + cal.step_overhead_s)
+        per_request = cal.per_request_overhead_s + self.linear_layers * cal.per_linear_layer_request_s
+        step = (traffic / self.bandwidth_bps + running * per_request
+                + cal.step_overhead_s + self._moe_s(running))
         if not self.overlap:
             step += cal.no_overlap_extra_s
+        if not self.graphed(running):
+            step += self.num_layers * cal.eager_layer_s
         return step * self.spec_factor
+
+    def graphed(self, running: int) -> bool:
+        """Whether a decode batch of this size replays a CUDA graph (else it runs eager)."""
+        return self.graph_max_bs <= 0 or running <= self.graph_max_bs
+
+    def _moe_s(self, tokens: float) -> float:
+        """The routed experts of one step: the weights of the experts its tokens touch, and
+        their grouped GEMMs (tokens × top-k rows, at the calibrated share of peak)."""
+        if self.moe is None or tokens <= 0:
+            return 0.0
+        moe = self.moe
+        touched = moe.moe_layers * moe.touched_experts(tokens, self.routed_spread)
+        compute = tokens * moe.flops_per_token() / (self.peak_flops_raw
+                                                    * self.calibration.moe_efficiency)
+        return touched * self.expert_bytes / self.bandwidth_bps + compute
+
+    @property
+    def peak_flops_raw(self) -> float:
+        return self.peak_flops / self.calibration.prefill_efficiency
 
     def prefill_s(self, tokens: int) -> float:
         return tokens * self.flops_per_token / self.peak_flops
@@ -113,8 +166,9 @@ def build_roofline(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
     accept = (accept_len or model.mtp_accept_len) if draft else 1.0
     accept = min(accept, float(draft)) if draft else 1.0
     tp = flags.tp_size
+    routed = model.moe.routed_params * 2.0 / tp if model.moe else 0.0
     return Roofline(
-        weights_bytes=model.weights_gib * (1 << 30) / tp,
+        weights_bytes=model.weights_gib * (1 << 30) / tp - routed,
         state_bytes_per_request=state,
         kv_bytes_per_token=float(plan.kv_cell_bytes),
         bandwidth_bps=gpu.bandwidth_gbs * 1e9 * cal.bandwidth_efficiency,
@@ -124,4 +178,20 @@ def build_roofline(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
         accept_len=accept,
         spec_factor=1.0 + SPEC_COST_PER_DRAFT_TOKEN * draft,
         calibration=cal,
+        moe=model.moe,
+        expert_bytes=model.moe.expert_params * 2.0 / tp if model.moe else 0.0,
+        graph_max_bs=plan.graph_max_bs,
+        num_layers=model.num_layers,
+        routed_spread=routed_spread(model, flags, cal),
+        linear_layers=model.num_linear_layers,
     )
+
+
+def routed_spread(model: ModelProfile, flags: ServerFlags, cal: StepCalibration) -> float:
+    """1.0 for real weights; under `--load-format dummy` the spread measured for the
+    architecture (1.0 where none was)."""
+    args = flags.extra_args
+    dummy = any(a == "--load-format=dummy" or (a == "--load-format" and i + 1 < len(args)
+                                              and args[i + 1] == "dummy")
+                for i, a in enumerate(args))
+    return dict(cal.dummy_routed_spread).get(model.architecture, 1.0) if dummy else 1.0

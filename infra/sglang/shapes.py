@@ -32,6 +32,34 @@ class MambaShape:
 
 
 @dataclass(frozen=True)
+class MoeShape:
+    """The routed experts of a mixture-of-experts model, as its config gives them: which
+    share of the weights a decode step reads depends on how many experts its batch touches
+    (roofline.py), not on the model's size."""
+
+    num_experts: int  # routed experts per MoE layer
+    top_k: int  # experts each token is routed to
+    moe_layers: int  # layers whose MLP is the MoE block
+    expert_params: int  # parameters of one routed expert of one layer
+    shared_params: int = 0  # parameters of the shared expert(s) of one layer
+
+    @property
+    def routed_params(self) -> int:
+        return self.moe_layers * self.num_experts * self.expert_params
+
+    def touched_experts(self, batch: float, spread: float = 1.0) -> float:
+        """Expected experts of one layer a batch of `batch` tokens touches, routed evenly
+        over `spread` × the experts (1.0: a load-balanced trained router; a router of random
+        weights sends most tokens to few experts: roofline.py's dummy spread)."""
+        pool = max(float(self.top_k), spread * self.num_experts)
+        return pool * (1.0 - (1.0 - self.top_k / pool) ** max(batch, 0.0))
+
+    def flops_per_token(self) -> float:
+        """Multiply-adds ×2 of the experts one token runs (routed top-k plus shared)."""
+        return 2.0 * self.moe_layers * (self.top_k * self.expert_params + self.shared_params)
+
+
+@dataclass(frozen=True)
 class ModelProfile:
     """What the memory model and the simulator's roofline need to know about a model."""
 
@@ -54,9 +82,7 @@ class ModelProfile:
     # layers left over (None: num_layers - num_linear_layers)
     attention_layers: int | None = None
     mla_kv_dim: int = 0  # MLA (Kimi-Linear): kv_lora_rank + qk_rope_head_dim per token and layer
-    # SGLang 0.5.17 offers extra_buffer for GDN, KDA, Falcon-H1 and Granite hybrids; it refuses
-    # it for NemotronH (measured) and LFM2, whose `auto` resolves to no_buffer
-    extra_buffer_ok: bool = True
+    moe: MoeShape | None = None  # None: dense MLPs
     # Token ids a request may carry (config `vocab_size`; None: unknown). Real SGLang 0.5.17's
     # scheduler dies on an id at or above it ("device-side assert triggered").
     vocab_size: int | None = None

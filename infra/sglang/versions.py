@@ -47,6 +47,9 @@ class SGLangVersion:
     # mem_fraction_static reserves 8 MB per captured size for it: seen on 0.5.17 (0.903 on the
     # H200 for Falcon-H1, Granite and LFM2; 0.907 for Kimi-Linear, whose MLA turns it off).
     reserves_prefill_graph: bool = False
+    # The release number (None for `main`): what the per-release tables are keyed by
+    # (release_tables.py), since several releases share one known cut date.
+    number: tuple[int, int, int] | None = None
 
     @property
     def strategy_flag(self) -> str | None:
@@ -105,7 +108,7 @@ def parse_version(text: str) -> SGLangVersion:
     release = RELEASE_DATES[max(known)]
     return SGLangVersion(raw, release, is_0523_or_newer=key >= (0, 5, 23),
                          pads_mamba_pool=key >= (0, 5, 17), locks_prefix_state=key >= (0, 5, 17),
-                         reserves_prefill_graph=key >= (0, 5, 17))
+                         reserves_prefill_graph=key >= (0, 5, 17), number=key)
 
 
 def installed_version() -> SGLangVersion | None:

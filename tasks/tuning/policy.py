@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from infra.sglang.flags import ServerFlags, scaled_ratio
 from infra.sglang.hardware import Hardware
 from infra.sglang.launch import UnsupportedFlags, check_flags
-from infra.sglang.memory import MemoryPlan, PoolsDoNotFit
+from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, covering_graphs
 from infra.sglang.planner import MAX_MEM_FRACTION, Demand, candidate_flags
 from infra.sglang.profiles import ModelProfile
 from infra.sglang.roofline import build_roofline
@@ -144,20 +144,17 @@ def fit_to_kv(label: str, candidate: ServerFlags, plan: MemoryPlan, demand: Dema
 
 def graphs_for_cap(label: str, candidate: ServerFlags, plan: MemoryPlan,
                    hw: Hardware) -> tuple[str, ServerFlags, MemoryPlan]:
-    """A candidate whose cap runs past the CUDA-graph batch size the user pinned
-    (`--cuda-graph-max-bs` in extra_args) gets graphs up to its cap: the step-time model
-    scores graphed batches, and the larger ones would run eager. On the H200 (tiny
-    Qwen3-Next) a cap of 120 kept at graphs of 32 measured 0.95-0.96× where 1.41-1.52× was
-    predicted (sessions 5 and 15), while one server with graphs to 256 ran 96 clients at
-    14,332 tok/s against 3,364 for 48 clients at graphs to 32 (docs/REAL_SGLANG.md, the
-    limits probe). SGLang's default graph size (256 on an H200) already covers the caps the
-    policy proposes; only a pinned one needs this."""
-    pinned = candidate.graph_max_bs
-    if pinned is None or plan.max_running_requests <= pinned:
+    """A candidate whose cap runs past its decode CUDA graphs (the size the user pinned, or
+    SGLang's default for the GPU: 256 on an H200) gets graphs up to its cap: the larger
+    batches would run eager — slower than the start on real SGLang (the 35B-A3B's no_buffer +
+    bf16 move at cap 313: 2,874 committed tok/s eager against 3,847 at the default; 4,798 with
+    graphs to 320), or dead of CUDA OOM (Kimi-Linear at cap 320), and the memory model plans
+    the graphs' reserve (MemoryPlan.graph_max_bs)."""
+    lifted = covering_graphs(candidate, plan)
+    if lifted is None:
         return label, candidate, plan
-    lifted = candidate.with_graph_max_bs(plan.max_running_requests)
-    return (f"{label}, CUDA graphs up to {plan.max_running_requests} (were {pinned}: larger "
-            "batches run eager)", lifted, hw.memory_plan(lifted))
+    return (f"{label}, CUDA graphs up to {plan.max_running_requests} (were {plan.graph_max_bs}: "
+            "larger batches run eager)", lifted, hw.memory_plan(lifted))
 
 
 @dataclass(frozen=True)

@@ -221,17 +221,21 @@ def test_a_workload_is_refused_with_its_field_named() -> None:
         Workload(0, 256)
 
 
-def test_nemotron_h_has_no_extra_buffer_and_auto_resolves_to_no_buffer() -> None:
-    """0.5.17 refuses extra_buffer for NemotronH ("extra_buffer is not supported for
-    NemotronHForCausalLM; use no_buffer"): the planner must not offer it, nor plan it."""
+def test_nemotron_h_runs_extra_buffer_as_sglang_0517_resolves_it() -> None:
+    """0.5.17's own tables (overrides.py: `_MAMBA_EXTRA_BUFFER_ARCHS` lists
+    NemotronHForCausalLM, the linear-attention backend is triton) make `auto` with the
+    overlap schedule on extra_buffer, 5 slots a request; an explicit no_buffer turns overlap
+    off; another linear-attention backend is refused in SGLang's words."""
     from infra.sglang.memory import PoolsDoNotFit
-    from infra.sglang.planner import alternatives
 
     model, flags, _ = setup("nh4b_nb")
-    assert plan_memory(model, H200, flags.with_changes(mamba_strategy="auto"),
-                       V0517).mamba_strategy == "no_buffer"
+    auto = plan_memory(model, H200, ServerFlags(), V0517)
+    assert (auto.mamba_strategy, auto.overlap_schedule, auto.slot_ratio) == (
+        "extra_buffer", True, 5)
+    assert auto.max_running_requests == auto.mamba_slots // 5
+    no_buffer = plan_memory(model, H200, flags, V0517)
+    assert (no_buffer.mamba_strategy, no_buffer.overlap_schedule) == ("no_buffer", False)
+    flashinfer = ServerFlags(mamba_strategy="extra_buffer",
+                             extra_args=("--linear-attn-backend", "flashinfer"))
     with pytest.raises(PoolsDoNotFit, match="not supported for NemotronHForCausalLM"):
-        plan_memory(model, H200, flags.with_changes(mamba_strategy="extra_buffer"), V0517)
-    rows = {r.label: r for r in alternatives(model, H200, flags, V0517)}
-    assert rows["extra_buffer"].plan is None and "not supported" in (rows["extra_buffer"].error
-                                                                      or "")
+        plan_memory(model, H200, flashinfer, V0517)

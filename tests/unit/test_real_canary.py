@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from infra.settings import TuningSettings
 from infra.sglang.flags import ServerFlags
@@ -79,10 +80,15 @@ def test_rollback_verdict_follows_from_the_side_by_side_window() -> None:
     start = ServerFlags.model_validate(control["flags"])
     baseline = predict_tok_s(model, gpu_profile("h200"), start, plan_memory(
         model, gpu_profile("h200"), start, parse_version("0.5.17")), 2048.0)
-    predicted_gain = canary["predicted_tok_s_per_gpu"] / baseline
-    assert abs(predicted_gain - 1.52) < 0.01  # what the log says the model promised
+    # The run's model promised 1.52x for cap 120 with graphs kept at 32; the step model that
+    # prices eager batches (eager_layer_s) predicts 1.06x for the same flags, within 12 % of
+    # the 0.95x measured (and the policy now raises the graphs with such a cap).
+    moved = ServerFlags.model_validate(canary["flags"])
+    predicted_gain = predict_tok_s(model, gpu_profile("h200"), moved, plan_memory(
+        model, gpu_profile("h200"), moved, parse_version("0.5.17")), 2048.0) / baseline
     measured_gain = canary["tok_s_per_gpu"] / control["tok_s_per_gpu"]
-    assert 0.9 < measured_gain < 1.0 < TuningSettings().canary_min_gain < predicted_gain
+    assert 0.9 < measured_gain < 1.0 < TuningSettings().canary_min_gain
+    assert predicted_gain == pytest.approx(measured_gain, rel=0.12)
     # The recorded rates are what the monitor's samples give over the canary's window.
     rows = samples("rollback")
     (out, back), (restore, _) = dead_spans(rows, "server-2")[:2]

@@ -125,12 +125,9 @@ def test_each_family_reads_its_own_state_layers() -> None:
     conv layers and no SSM state; Kimi-Linear: 20 KDA layers of 27, MLA on the other 7."""
     shapes = {name: model_profile(str(MODELS / name), 1.0) for name in
               ("falcon-h1-0.5b", "granite-4.0-h-1b", "lfm2-1.2b", "kimi-linear-48b-a3b")}
-    got = {k: (m.num_linear_layers, m.num_full_layers, m.family, m.extra_buffer_ok)
-           for k, m in shapes.items()}
-    assert got == {"falcon-h1-0.5b": (36, 36, "mamba2", True),
-                   "granite-4.0-h-1b": (36, 4, "mamba2", True),
-                   "lfm2-1.2b": (10, 6, "conv", False),
-                   "kimi-linear-48b-a3b": (20, 7, "gdn", True)}
+    got = {k: (m.num_linear_layers, m.num_full_layers, m.family) for k, m in shapes.items()}
+    assert got == {"falcon-h1-0.5b": (36, 36, "mamba2"), "granite-4.0-h-1b": (36, 4, "mamba2"),
+                   "lfm2-1.2b": (10, 6, "conv"), "kimi-linear-48b-a3b": (20, 7, "gdn")}
     lfm2 = shapes["lfm2-1.2b"].mamba
     assert lfm2 is not None and lfm2.state_size == 0
     assert shapes["kimi-linear-48b-a3b"].mla_kv_dim == 512 + 64
