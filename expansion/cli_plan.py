@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -81,14 +82,18 @@ def plan(
             fail("--job: no throughput to estimate from; pass --tok-s-per-gpu")
             return
         estimate = job_estimate(job, avg_output_tokens, num_gpus, rate)
+    from infra.sglang.roofline import calibration_note
+
+    note = calibration_note(card, prof)
     if as_json:
-        _print_plan_json(prof.name, card.name, version.label, rows, estimate)
+        _print_plan_json(prof.name, card.name, version.label, rows, estimate, note)
         return
     if current.plan is None:
         fail(f"SGLang would refuse to start: {current.error}", code=1)
         return
     _print_plan(current.plan)
     _print_alternatives(rows)
+    console.print(("" if note.calibrated else "[yellow]") + note.describe())
     if estimate is not None:
         console.print(
             f"job: {job:,} prompts × {avg_output_tokens:,.0f} tokens on {num_gpus} GPUs at "
@@ -255,10 +260,11 @@ def diagnose(
 
 
 def _print_plan_json(model: str, gpu: str, version: str, rows: list[Any],
-                     estimate: dict[str, Any] | None) -> None:
+                     estimate: dict[str, Any] | None, note: Any) -> None:
     """`plan --json`: one object, the current plan's fields, the job estimate, alternatives."""
     current = rows[0]
-    payload: dict[str, Any] = {"model": model, "gpu": gpu, "version": version}
+    payload: dict[str, Any] = {"model": model, "gpu": gpu, "version": version,
+                               "calibration": asdict(note)}
     if current.plan is None:
         payload["error"] = current.error
     else:
@@ -273,6 +279,8 @@ def _print_plan_json(model: str, gpu: str, version: str, rows: list[Any],
          "max_running_requests": r.plan.max_running_requests if r.plan else None,
          "max_total_num_tokens": r.plan.max_total_num_tokens if r.plan else None,
          "binding_limit": r.plan.binding_limit if r.plan else None,
+         "mamba_strategy": r.plan.mamba_strategy if r.plan else None,
+         "graphs_cover_cap": r.plan.graphs_cover_cap if r.plan else None,
          "tok_s_per_gpu": round(r.tok_s_per_gpu, 1) if r.tok_s_per_gpu else None,
          "committed_tok_s_per_gpu": _rounded(r.committed_tok_s_per_gpu)}
         for r in rows[1:]]

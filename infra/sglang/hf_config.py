@@ -214,7 +214,7 @@ def moe_shape(cfg: dict[str, Any], arch: str) -> MoeShape | None:
     if experts <= 1 or top_k <= 0:
         return None
     hidden = int(cfg["hidden_size"])
-    inter = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size"))
+    inter = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
     layers = int(cfg["num_hidden_layers"])
     matrices = 3
     if arch in ("NemotronHForCausalLM", "NemotronHPuzzleForCausalLM"):

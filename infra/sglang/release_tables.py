@@ -107,15 +107,14 @@ def tables_for(version: SGLangVersion) -> MambaCacheTables | None:
     """The tables of the newest extracted release at or before this version (`main`: the
     newest whose cut date is known to precede it); None before the oldest extracted."""
     tables = known_tables()
-    number = version.number
-    if number is None:
-        number = _key("0.5.15") if version.release.isoformat() >= "2026-07-07" else (0,)
+    number: tuple[int, ...] = version.number or (
+        _key("0.5.15") if version.release.isoformat() >= "2026-07-07" else (0,))
     eligible = [r for r in tables if _key(r) <= number]
     return tables[max(eligible, key=_key)] if eligible else None
 
 
 def write_tables(sources: list[tuple[str, Path]]) -> dict[str, object]:
-    data = {}
+    data: dict[str, object] = {}
     for release, path in sorted(sources, key=lambda s: _key(s[0])):
         t = extract(read_overrides(path), release)
         data[release] = {"radix_cache_archs": sorted(t.radix_cache_archs),

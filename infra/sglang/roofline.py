@@ -86,6 +86,39 @@ def calibration_for(gpu: GpuProfile, model: ModelProfile | None = None) -> StepC
         return table[f"{gpu.name}/{model.family}"]
     return table.get(gpu.name, DEFAULT_CALIBRATION)
 
+@dataclass(frozen=True)
+class CalibrationNote:
+    """Which measured constants a prediction uses, and how far to trust it: `calibrated` when
+    this model's family (and, for an MoE, its expert regime) ran on this GPU."""
+
+    key: str
+    calibrated: bool
+    uncertainty: float  # the relative error to expect (the fits' worst residual, or a guess)
+
+    def describe(self) -> str:
+        if self.calibrated:
+            return f"step model measured as {self.key} (expect ±{self.uncertainty:.0%})"
+        return (f"step model not measured for this family on this GPU (nearest: {self.key}); "
+                f"expect ±{self.uncertainty:.0%} until a run measures it")
+
+
+CALIBRATED_ERROR = 0.15  # the device checks' bound (tests/unit/test_real_*.py)
+UNCALIBRATED_ERROR = 0.5  # the MoE hybrids' rates before their fit ran 20-70 % high
+
+
+def calibration_note(gpu: GpuProfile, model: ModelProfile) -> CalibrationNote:
+    table = measured_calibrations()
+    wanted = f"{gpu.name}/{model.family}" + ("-moe" if model.moe else "")
+    exact = model.moe is None or model.moe.num_experts >= MOE_CALIBRATED_EXPERTS
+    if wanted in table and exact:
+        return CalibrationNote(wanted, True, CALIBRATED_ERROR)
+    if model.family == "gdn" and model.moe is None and gpu.name in table:
+        return CalibrationNote(gpu.name, True, CALIBRATED_ERROR)  # fitted on the 27B (GDN)
+    nearest = f"{gpu.name}/{model.family}" if f"{gpu.name}/{model.family}" in table else (
+        gpu.name if gpu.name in table else "the seeds' RTX PRO 6000 fit")
+    return CalibrationNote(nearest, False, UNCALIBRATED_ERROR)
+
+
 # Speculative verify + draft cost relative to a plain decode step, per draft token.
 SPEC_COST_PER_DRAFT_TOKEN = 0.12
 
@@ -116,7 +149,8 @@ class Roofline:
         traffic = self.weights_bytes + running * (
             self.state_bytes_per_request + avg_context_tokens * self.kv_bytes_per_token)
         cal = self.calibration
-        per_request = cal.per_request_overhead_s + self.linear_layers * cal.per_linear_layer_request_s
+        per_request = (cal.per_request_overhead_s
+                       + self.linear_layers * cal.per_linear_layer_request_s)
         step = (traffic / self.bandwidth_bps + running * per_request
                 + cal.step_overhead_s + self._moe_s(running))
         if not self.overlap:
