@@ -50,8 +50,8 @@ def plan(
     """Predict SGLang's pools and caps for a model × GPU × flags, and the alternatives.
 
     Server flags are SGLang's own, as on its command line (--mem-fraction-static 0.9
-    --mamba-radix-cache-strategy no_buffer ...): every one the memory model knows (server.*
-    in `expansion settings`), parsed from the same definition the launcher uses."""
+    --mamba-radix-cache-strategy no_buffer ...): every flag the release accepts; those the
+    model reads (server.* in `expansion settings`) are planned, the others carried."""
     from pydantic import ValidationError
 
     from infra.sglang.flag_parser import parse_server_flags
@@ -60,10 +60,10 @@ def plan(
     from infra.sglang.versions import parse_version
 
     try:
-        flags = parse_server_flags(list(ctx.args))
+        version = parse_version(sglang_version)
+        flags = parse_server_flags(list(ctx.args), version)
         prof = model_profile(model, weights_gib)
         card = gpu_profile(gpu)
-        version = parse_version(sglang_version)
         workload = _workload(prompt_tokens, output_tokens, output_p99)
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -82,23 +82,33 @@ def plan(
             fail("--job: no throughput to estimate from; pass --tok-s-per-gpu")
             return
         estimate = job_estimate(job, avg_output_tokens, num_gpus, rate)
-    from infra.sglang.roofline import calibration_note
-
-    note = calibration_note(card, prof)
-    if as_json:
-        _print_plan_json(prof.name, card.name, version.label, rows, estimate, note)
-        return
-    if current.plan is None:
-        fail(f"SGLang would refuse to start: {current.error}", code=1)
-        return
-    _print_plan(current.plan)
-    _print_alternatives(rows)
-    console.print(("" if note.calibrated else "[yellow]") + note.describe())
-    if estimate is not None:
+    if _show(rows, estimate, (prof, card, version, flags), as_json) and estimate is not None:
         console.print(
             f"job: {job:,} prompts × {avg_output_tokens:,.0f} tokens on {num_gpus} GPUs at "
             f"{estimate['tok_s_per_gpu']:,.0f} tok/s per GPU → {estimate['wall_hours']:,.1f} h "
             f"wall, {estimate['gpu_hours']:,.0f} GPU-hours")
+
+
+def _show(rows: list[Any], estimate: dict[str, Any] | None, what: tuple[Any, Any, Any, Any],
+          as_json: bool) -> bool:
+    """Print the plan (or its JSON), the alternatives and how sure it is; False when SGLang
+    would refuse the current flags (or the JSON said it all)."""
+    from infra.sglang.roofline import calibration_note
+
+    prof, card, version, flags = what
+    current = rows[0]
+    note = calibration_note(card, prof)
+    if as_json:
+        _print_plan_json(prof.name, card.name, version.label, rows, estimate, note)
+        return False
+    if current.plan is None:
+        fail(f"SGLang would refuse to start: {current.error}", code=1)
+        return False
+    _print_plan(current.plan)
+    _print_alternatives(rows)
+    console.print(("" if note.calibrated else "[yellow]") + note.describe())
+    _print_unmodelled(flags)
+    return True
 
 
 def _workload(prompt: int | None, output: int | None, p99: int | None) -> Any:
@@ -259,12 +269,22 @@ def diagnose(
                       f"mamba {_pct_or_na(w.mamba_usage)}")
 
 
+def _print_unmodelled(flags: Any) -> None:
+    from infra.sglang.flag_parser import unmodelled
+
+    if unmodelled(flags):
+        console.print("carried to the launch, not modelled: " + ", ".join(unmodelled(flags)))
+
+
 def _print_plan_json(model: str, gpu: str, version: str, rows: list[Any],
                      estimate: dict[str, Any] | None, note: Any) -> None:
     """`plan --json`: one object, the current plan's fields, the job estimate, alternatives."""
+    from infra.sglang.flag_parser import unmodelled
+
     current = rows[0]
     payload: dict[str, Any] = {"model": model, "gpu": gpu, "version": version,
-                               "calibration": asdict(note)}
+                               "calibration": asdict(note), "unmodelled_flags": unmodelled(
+                                   rows[0].flags)}
     if current.plan is None:
         payload["error"] = current.error
     else:

@@ -16,6 +16,8 @@ import typing
 from typing import Any, Literal
 
 from infra.sglang.flags import ServerFlags
+from infra.sglang.release_flags import flags_for
+from infra.sglang.versions import SGLangVersion
 
 # Fields whose SGLang name is not the field's name (first: the name launch.py emits).
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -23,11 +25,12 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "tp_size": ("--tp-size", "--tensor-parallel-size"),
 }
 NOT_FLAGS = frozenset({"extra_args"})  # argv items, not one flag
-# SGLang flags that are no ServerFlags field but that the model reads from extra_args (the
-# decode graph size, the linear-attention backend extra_buffer needs, dummy weights' routing)
-# or carries to the launch unmodelled (the MoE kernels' backend): kept verbatim, in order.
-CARRIED = ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", "--linear-attn-backend",
-           "--load-format", "--moe-runner-backend")
+# SGLang flags that are no ServerFlags field but that the model reads from extra_args: the
+# decode graph size, the linear-attention backend extra_buffer needs, dummy weights' routing.
+# Any other flag the targeted release accepts (release_flags.py) is carried verbatim too.
+MODELLED_IN_EXTRA_ARGS = ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode",
+                          "--linear-attn-backend", "--load-format")
+CARRIED = MODELLED_IN_EXTRA_ARGS
 
 
 def flag_names(field: str) -> tuple[str, ...]:
@@ -42,6 +45,38 @@ def _scalar(annotation: Any) -> tuple[type, tuple[str, ...] | None]:
     if typing.get_origin(annotation) is Literal:
         return str, tuple(str(a) for a in typing.get_args(annotation))
     return annotation, None
+
+
+def _release_flags(items: list[str], version: SGLangVersion | None) -> tuple[str, ...]:
+    """The argv items left over, checked against the release's own flag table."""
+    found = flags_for(version) if version is not None else None
+    if found is None:
+        raise ValueError(f"{items[0]}: not a server flag the memory model knows; "
+                         "`expansion settings` lists those it does (server.*, as --flag-name)")
+    release, table = found
+    out: list[str] = []
+    i = 0
+    while i < len(items):
+        name, equals, _ = items[i].partition("=")
+        takes = table.get(name)
+        if takes is None:
+            raise ValueError(f"{name}: not a flag SGLang {release} accepts (its "
+                             "server_args.py); check the spelling or --sglang-version")
+        out.append(items[i])
+        i += 1
+        while takes != "none" and not equals and i < len(items) and not (
+                items[i].startswith("--")):
+            out.append(items[i])
+            i += 1
+            if takes == "one":
+                break
+    return tuple(out)
+
+
+def unmodelled(flags: ServerFlags) -> list[str]:
+    """The flags in extra_args that change nothing the memory or step model reads."""
+    return [a.partition("=")[0] for a in flags.extra_args if a.startswith("--")
+            and a.partition("=")[0] not in MODELLED_IN_EXTRA_ARGS]
 
 
 def add_server_flags(parser: argparse.ArgumentParser) -> None:
@@ -65,10 +100,12 @@ def flags_from(namespace: argparse.Namespace, **extra: Any) -> ServerFlags:
     return ServerFlags(**given, **extra)
 
 
-def parse_server_flags(argv: list[str]) -> ServerFlags:
+def parse_server_flags(argv: list[str], version: SGLangVersion | None = None) -> ServerFlags:
     """A pasted SGLang command line → ServerFlags; an unknown flag is a ValueError naming it.
 
-    Launch-only flags (`--model-path`, `--host`, `--port`, ...) are accepted and ignored."""
+    Launch-only flags (`--model-path`, `--host`, `--port`, ...) are accepted and ignored. With
+    the targeted release, every other flag it accepts is carried in extra_args as given
+    (`unmodelled` names those the model does not read)."""
     # no abbreviations: `--mem-fraction 0.9` is not silently `--mem-fraction-static`
     parser = argparse.ArgumentParser(prog="sglang flags", add_help=False, exit_on_error=False,
                                      allow_abbrev=False)
@@ -85,9 +122,8 @@ def parse_server_flags(argv: list[str]) -> ServerFlags:
         namespace, unknown = parser.parse_known_args(argv)
     except argparse.ArgumentError as exc:
         raise ValueError(f"{exc.argument_name}: {exc.message}") from None
-    if unknown:
-        raise ValueError(f"{unknown[0]}: not a server flag the memory model knows; "
-                         "`expansion settings` lists those it does (server.*, as --flag-name)")
     carried = tuple(item for name in CARRIED for value in getattr(namespace, name)
                     for item in (name, value))
+    if unknown:
+        carried += _release_flags(unknown, version)
     return flags_from(namespace, **({"extra_args": carried} if carried else {}))

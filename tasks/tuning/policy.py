@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from infra.sglang.flags import ServerFlags, scaled_ratio
 from infra.sglang.hardware import Hardware
@@ -18,6 +18,7 @@ from infra.sglang.roofline import build_roofline
 from infra.sglang.versions import SGLangVersion
 from tasks.tuning.diagnosis import Diagnosis
 from tasks.tuning.ledger import config_key
+from tasks.tuning.trust import ModelTrust, measured_trust
 
 DECODE_RATE = Demand()  # no workload known: the decode rate at 2,048 tokens of context
 
@@ -176,6 +177,7 @@ class Search:
     allow_lossy: bool = False
     pinned: bool = False
     reuse: PrefixReuse | None = None
+    trust: ModelTrust | None = None  # what the fleet measured against the model (trust.py)
 
 
 def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
@@ -195,6 +197,10 @@ def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
     current = hw.memory_plan_or_none(flags)
     baseline = (demand.tok_s_per_gpu(hw.model, hw.gpu, flags, current, hw.version)
                 if current else 0.0)
+    running = [w.running for w in diagnosis.servers if w.alive]
+    if running:  # a diagnosis with no server windows has shown the model nothing
+        search = replace(search, trust=measured_trust(running, diagnosis.tok_s_per_gpu,
+                                                      baseline))
     pool = _scored_candidates(flags, current, search)
     best = _ranked_with_tail(pool, demand, search)
     if best is None or best[0] < search.min_gain * baseline:
@@ -256,6 +262,10 @@ def _scored_candidates(flags: ServerFlags, current: MemoryPlan | None,
                 PREFILL_PROBE_TOKENS / roof.prefill_s(PREFILL_PROBE_TOKENS))
             if tok_s < raw:
                 label += f", with the prefix cache's {reuse.cached_share:.0%} reuse lost"
+        trust = search.trust
+        if trust is not None and trust.explores(plan.max_running_requests):
+            tok_s *= trust.discount
+            label += f" ({trust.label(plan.max_running_requests)})"
         pool.append((tok_s, raw, label, candidate, plan))
     return pool
 
