@@ -125,6 +125,7 @@ def _run_now(settings: Any, config_file: str | None, overrides: dict[str, Any]) 
     from infra.prefect_api import use_temporary_api
     from infra.prefect_runs import crash_vanished_runs, process_tag
     from infra.prompts import InputError
+    from tasks.first_batch import FleetCannotServe, FleetDown
     from tasks.health import ServerStartFailed
     from tasks.local_servers import LaunchError
 
@@ -144,6 +145,9 @@ def _run_now(settings: Any, config_file: str | None, overrides: dict[str, Any]) 
                 summary = generate(**top, config_file=config_file, overrides=params)
     except (InputError, PlanMismatch, LaunchError, ServerStartFailed, ValueError) as exc:
         fail(str(exc), code=1)
+        return
+    except (FleetDown, FleetCannotServe) as exc:
+        _fail_with_block(exc, settings.local_output())
         return
     except KeyboardInterrupt:
         _report_interrupt(settings.local_output())
@@ -167,6 +171,21 @@ def _signals_as_interrupt() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _fail_with_block(exc: Exception, output: Path) -> None:
+    """The failure's `error:` block (expansion/failure_report.py), exit code 1."""
+    import logging
+
+    from expansion.failure_report import failure_block
+    from tasks.first_batch import FleetCannotServe
+
+    # the last thing printed is the block: not Prefect's "Stopping temporary server" at exit
+    logging.getLogger("prefect").setLevel(logging.WARNING)
+    kind = "cannot_serve" if isinstance(exc, FleetCannotServe) else "fleet_down"
+    for line in failure_block(kind, str(exc), output):
+        err.print(line, highlight=False, soft_wrap=True, markup=False)
+    raise typer.Exit(1)
 
 
 def _report_interrupt(output: Path) -> None:
@@ -308,6 +327,17 @@ def status(output: Annotated[Path, typer.Argument(help="An output folder.")]) ->
     console.print(f"plan {plan.fingerprint}: {len(committed)}/{plan.num_shards} shards "
                   f"committed; {rows} completions, {errors} errors, of {plan.input_rows} "
                   f"prompts; {tokens} output tokens")
+    _print_crashes(output)
+
+
+def _print_crashes(output: Path) -> None:
+    """What each server's log says it died of, where one did (a failed run's why)."""
+    from expansion.failure_report import server_crashes
+
+    for log, said in server_crashes(output).items():
+        console.print(f"{log}: SGLang said", highlight=False, markup=False)
+        for line in said[:2]:
+            console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command()

@@ -37,6 +37,7 @@ from tasks.dispatch_records import (
     TransientFailure,
     WorkItem,
 )
+from tasks.first_batch import FirstBatchWatch, FleetCannotServe, FleetDown
 from tasks.hand_back import InFlight
 from tasks.requests import (
     Delivery,
@@ -59,10 +60,6 @@ log = logging.getLogger("expansion.dispatch")
 
 DEAD_AFTER_CONNECT_FAILURES = 3
 POOL_CONNECTIONS = 16  # workers per httpx client; each worker holds at most one connection
-
-
-class FleetDown(RuntimeError):
-    """Every server stopped answering; committed shards are safe, the rest resume later."""
 
 
 CommitFn = Callable[[int, list[dict[str, Any]], list[dict[str, Any]]], Awaitable[None]]
@@ -89,7 +86,8 @@ class Dispatcher:
         self._connect_failures: dict[str, int] = {}
         self._in_flight = 0
         self._queued: dict[int, int] = {}  # prompts of each shard still waiting in the queue
-        self._fatal: FleetDown | None = None
+        self._fatal: FleetDown | FleetCannotServe | None = None
+        self._first = FirstBatchWatch([e.name for e in endpoints], opts.first_batch_relaunches)
         self._broken: BaseException | None = None  # a worker's unexpected exception
         self._rng = random.Random()
         # Servers can leave and join while the run goes on (canary, rolling restart): a
@@ -197,6 +195,7 @@ class Dispatcher:
         self.endpoints = [e for e in self.endpoints if e.name != endpoint.name] + [endpoint]
         self._retired.discard(endpoint.name)
         self._dead.discard(endpoint.name)
+        self._first.joined(endpoint.name)
         self._connect_failures[endpoint.name] = 0
         self._queue.forget(endpoint.name)  # restarted: its prefix cache is empty
         await self._start_workers([endpoint])
@@ -301,11 +300,15 @@ class Dispatcher:
             # a server stopped on purpose (retired) killed nothing
             if exc.lost and ep.name not in self._retired and await server_died(client, ep.url):
                 item.killed.append(ep.name)
-                reason = quarantined(item)
-                if reason is not None:
-                    self._queue.done(item)
-                    await self._record_error(item, reason)
-                    return
+                if not self._first.blames_rows(ep.name):  # a fleet that answered nothing
+                    self._fatal = self._fatal or self._first.died(  # quarantines no row
+                        ep.name, self._generation[ep.name])
+                else:
+                    reason = quarantined(item)
+                    if reason is not None:
+                        self._queue.done(item)
+                        await self._record_error(item, reason)
+                        return
             if exc.connect:
                 fails = self._connect_failures.get(ep.name, 0) + 1
                 self._connect_failures[ep.name] = fails
@@ -323,6 +326,7 @@ class Dispatcher:
             self._put(item)
             return
         self._connect_failures[ep.name] = 0
+        self._first.answer(ep.name)
         self._queue.done(item)
         row = output_row(item.row, self.opts, answer, Delivery(
             item.sample, body, ep.name, ep.config, ep.version, time.monotonic() - started))

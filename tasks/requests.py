@@ -34,6 +34,9 @@ class DispatchOptions:
     vocab_size: int | None = None  # the model's; None: token ids go unchecked
     # the engine's request and answer shapes (tasks/engines: `Engine.requests`)
     shapes: RequestShapes = field(default_factory=lambda: SGLangRequests())
+    # deaths of relaunched servers that, after every server died on its first batch, prove
+    # the fleet cannot serve (tasks/first_batch.py); 0 where this folder saw it already
+    first_batch_relaunches: int = 1
 
 
 class RequestShapes(Protocol):

@@ -24,6 +24,12 @@ from infra.sglang.profiles import model_profile
 from tasks.capacity import Capacity, client_limit
 from tasks.dispatch import Dispatcher, DispatchOptions, DispatchStats, Endpoint
 from tasks.engines import engine_for
+from tasks.first_batch import (
+    FleetCannotServe,
+    forget_failure,
+    record_failure,
+    recorded_failure,
+)
 from tasks.fleet_control import FleetControl
 
 
@@ -118,6 +124,7 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
     """Dispatch every pending shard across the fleet; commit shards as they complete."""
     manifest = Manifest(Path(state.output))
     endpoints = [endpoint_of(settings, c) for c in capacities]
+    flags_key = settings.server.fingerprint()
     s = settings.sampling
     opts = DispatchOptions(
         model=settings.model,
@@ -133,6 +140,7 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
         prefix_key_chars=settings.client.prefix_affinity_chars,
         vocab_size=model_vocab_size(settings),
         shapes=engine_for(settings).requests,
+        first_batch_relaunches=0 if recorded_failure(Path(state.output), flags_key) else 1,
     )
 
     async def commit(shard: int, rows: list[dict[str, Any]],
@@ -166,7 +174,13 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
             if watcher is not None:
                 watcher.cancel()
 
-    return asyncio.run(main())
+    try:
+        stats = asyncio.run(main())
+    except FleetCannotServe as exc:  # the next run with these flags stops at the first deaths
+        record_failure(Path(state.output), flags_key, exc.deaths)
+        raise
+    forget_failure(Path(state.output))  # these servers served: the record no longer holds
+    return stats
 
 
 @task(name="plan_shards", cache_policy=NO_CACHE, retries=0)

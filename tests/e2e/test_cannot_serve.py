@@ -1,0 +1,68 @@
+"""A fleet that cannot serve stops in one screen, in SGLang's own words (tasks/first_batch.py,
+expansion/failure_report.py): every prompt kills the server that schedules it, as a broken
+build or an unsupported kernel backend would. The run relaunches each dead server at most
+once, blames no row, and ends with the `error:` block quoting the simulated SGLang's crash;
+a second identical run says the same without relaunching."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port_block
+from tests.session import migrated_home
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPANSION = str(ROOT / ".venv" / "bin" / "expansion")
+CRASH = "CUDA error: an illegal memory access was encountered (fault injection: crash_on_text)"
+
+
+def run_once(args: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str],
+                                                              float]:
+    started = time.monotonic()
+    done = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    return done, time.monotonic() - started
+
+
+def error_block(output: str) -> list[str]:
+    lines = output.rstrip().splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith("error: "))
+    return lines[start:]
+
+
+@pytest.mark.slow
+def test_a_fleet_whose_every_batch_dies_stops_with_sglangs_words(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    migrated_home(tmp_path / "prefect-home")
+    src = tmp_path / "p.jsonl"
+    src.write_text("".join(json.dumps({"id": f"i{i}", "prompt": f"note {i}: POISON"}) + "\n"
+                           for i in range(200)))
+    out = tmp_path / "out"
+    args = [EXPANSION, "run", "--prompts", str(src), "--output", str(out), "--gpus", "0,1",
+            "--set", f"base_port={free_port_block(2)}", "--set", "sim.startup_s=0.2",
+            "--set", 'sim.faults={"crash_on_text": "POISON"}']
+    first, took = run_once(args, env)
+    assert first.returncode != 0 and took < 60, (took, first.stderr[-3000:])
+    block = error_block(first.stdout + first.stderr)
+    assert len(block) <= 12 and block == error_block(first.stderr), block
+    assert block[0].startswith("error: the fleet cannot serve: every server died on its "
+                               "first batch, again after a relaunch"), block
+    assert any(CRASH in line for line in block) and "advice:" in block[-1], block
+    assert any("0 shard(s) committed" in line for line in block), block
+    record = json.loads((out / "servers" / "cannot-serve.json").read_text())
+    assert all(1 <= n <= 2 for n in record["deaths"].values()), record  # ≤ 1 relaunch each
+    assert "killed the server" not in first.stdout + first.stderr  # no row blamed
+    assert not (out / "errors").exists() or not any((out / "errors").iterdir())
+    second, _ = run_once(args, env)
+    block = error_block(second.stderr)
+    assert second.returncode != 0 and len(block) <= 12, second.stderr[-3000:]
+    assert block[0].startswith("error: the fleet cannot serve: every server died on its "
+                               "first batch (server-0 1×, server-1 1×)"), block
+    assert not (out / "servers" / "server-0-gpu0.relaunch.log").stat().st_mtime > (
+        out / "servers" / "server-0-gpu0.log").stat().st_mtime  # the second run relaunched none
