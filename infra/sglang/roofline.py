@@ -159,6 +159,17 @@ class Roofline:
             step += self.num_layers * cal.eager_layer_s
         return step * self.spec_factor
 
+    def decode_steps_s(self, running: int, avg_context_tokens: float, steps: int,
+                       growth: float) -> float:
+        """Seconds of `steps` decode steps of a constant batch whose mean context grows by
+        `growth` tokens a step: the step time is linear in the context, so the sum is exact
+        as the mean of the first and last step (what stepping them one by one adds up to)."""
+        if steps <= 1:
+            return self.decode_step_s(running, avg_context_tokens) * max(steps, 0)
+        last = avg_context_tokens + (steps - 1) * growth
+        return steps * (self.decode_step_s(running, avg_context_tokens)
+                        + self.decode_step_s(running, last)) / 2
+
     def graphed(self, running: int) -> bool:
         """Whether a decode batch of this size replays a CUDA graph (else it runs eager)."""
         return self.graph_max_bs <= 0 or running <= self.graph_max_bs

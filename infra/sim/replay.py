@@ -51,14 +51,17 @@ async def _replay(scheduler: SimScheduler, requests: int, in_flight: int, prompt
 
 
 def replay_scheduler(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
-                     version: SGLangVersion) -> SimScheduler:
-    """The simulated server's scheduler for these flags, stepping one decode step at a time
-    in modeled time, with no log."""
+                     version: SGLangVersion, exact: bool = False) -> SimScheduler:
+    """The simulated server's scheduler for these flags in modeled time, with no log: from
+    event to event (a completion, the KV pool's edge; the steps between summed in closed
+    form), or with `exact` one decode step at a time — the oracle the events are held to
+    (tests/unit/test_event_replay.py)."""
     plan = plan_memory(model, gpu, flags, version)
     prefix_state = version.locks_prefix_state and not flags.disable_radix_cache
     return SimScheduler(plan, build_roofline(model, gpu, flags, plan), REPLAY_TIME_SCALE,
                         lambda _line: None,
-                        SchedulerOptions(prefix_state=prefix_state, max_chunk_steps=1))
+                        SchedulerOptions(prefix_state=prefix_state,
+                                         max_chunk_steps=1 if exact else None))
 
 
 def replay(hw: Hardware, flags: ServerFlags, requests: int, prompt_tokens: int,
@@ -123,7 +126,9 @@ def _steady_rate(answers: list[tuple[float, int]], concurrency: int, last_send: 
         return 0.0
     start = answers[concurrency - 1][0]
     window = last_send - start
-    tokens = sum(out for t, out in answers[concurrency:] if t <= last_send)
+    # answers at the window's start are the round that opened it (a wave of equal lengths
+    # ends together: counting those after the opening one counted a wave too many)
+    tokens = sum(out for t, out in answers[concurrency:] if start < t <= last_send)
     return tokens / window if window > 0 else 0.0
 
 
@@ -132,8 +137,20 @@ def replay_requests(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
                     max_s: float = float("inf")) -> ClosedLoopResult:
     """A closed loop of `concurrency` clients over (prompt tokens, output tokens) rows, as
     bench/real_sglang/probe_long.py drives real SGLang: every row's output runs to its
-    length (ignore_eos), a row answered after `max_s` modeled seconds does not count."""
-    scheduler = replay_scheduler(model, gpu, flags, version)
+    length (ignore_eos), a row answered after `max_s` modeled seconds does not count. From
+    event to event; `replay_requests_exact` steps every decode step (the oracle)."""
+    return closed_loop(replay_scheduler(model, gpu, flags, version), reqs, concurrency, max_s)
+
+
+def replay_requests_exact(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
+                          version: SGLangVersion, reqs: list[tuple[int, int]],
+                          concurrency: int) -> ClosedLoopResult:
+    return closed_loop(replay_scheduler(model, gpu, flags, version, exact=True), reqs,
+                       concurrency, float("inf"))
+
+
+def closed_loop(scheduler: SimScheduler, reqs: list[tuple[int, int]], concurrency: int,
+                max_s: float) -> ClosedLoopResult:
     plan = scheduler.plan
     answers, last_send = asyncio.run(_closed_loop(scheduler, reqs, concurrency, max_s))
     done_all = len(answers) == len(reqs)

@@ -23,12 +23,15 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from infra.sglang.memory import MemoryPlan
 from infra.sglang.roofline import Roofline
 from infra.sim.metrics import INIT_NEW_TOKEN_RATIO, EngineStats, RequestLatencies
 from infra.sim.prefix_cache import PrefixCache
+from infra.sim.sim_request import SchedulerOptions, SimRequest, tracking_slots
+
+__all__ = ["SchedulerOptions", "SimRequest", "SimScheduler", "tracking_slots"]
+DEFAULT_OPTIONS = SchedulerOptions()
 
 # The shortest wall-clock sleep per loop iteration: keeps the loop cheap at high time scales.
 MIN_WALL_CHUNK_S = 0.004
@@ -39,60 +42,6 @@ GATHER_S = 0.002  # an idle scheduler's wait for the rest of a burst of requests
 MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
 RATIO_DECAY_PER_STEP = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
 RETRACT_DECODE_STEPS = 20
-CLIP_MAX_NEW_TOKENS = 4096
-
-
-@dataclass
-class SimRequest:
-    prompt_tokens: int
-    target_tokens: int
-    future: asyncio.Future[float]
-    generated: float = 0.0
-    arrival: float = field(default_factory=time.monotonic)
-    arrived_at: float = 0.0  # modeled clock: queued, admitted, first token
-    admitted_at: float | None = None
-    first_token_at: float | None = None
-    max_new_tokens: int = 0  # what the client allowed (0: the target); sets the reservation
-    data: bytes = b""  # the prompt as tokens, for the prefix cache
-    cached_tokens: int = 0
-    retractions: int = 0
-
-    def reserve(self) -> int:
-        """Tokens SGLang expects this request may still write (before the ratio)."""
-        limit = self.max_new_tokens or self.target_tokens
-        return min(limit - int(self.generated), CLIP_MAX_NEW_TOKENS)
-
-
-def tracking_slots(strategy: str, overlap: bool, prefix_state: bool = False) -> int:
-    """Live states a running request holds under load, as `mamba num` counts them: 1 working
-    + ping-pong copies (reference §2.5), + 1 when the build keeps the request's prefix state
-    locked in the radix tree while it runs. SGLang 0.5.17 on the H200 showed exactly 2 per
-    request under no_buffer and 4 under extra_buffer (bench/real_sglang/fit.py); seed 000's
-    older build showed 3 under extra_buffer."""
-    if strategy == "extra_buffer":
-        live = 3 if overlap else 2
-    elif strategy == "extra_buffer_lazy":
-        live = 2
-    else:
-        live = 1
-    return live + (1 if prefix_state else 0)
-
-
-@dataclass(frozen=True)
-class SchedulerOptions:
-    """How a simulated server's scheduler behaves beyond its pools and step times.
-
-    `decode_log_interval`: decode steps between log lines (SGLang's default 40).
-    `prefix_state`: mamba states at branch points are locked by the prefix cache (0.5.17+).
-    `max_chunk_steps`: decode steps modeled as one (None: as many as the next event allows;
-    1: exact, for replays). `cache`: the radix cache (None: none). `speed`: < 1 for a
-    degraded GPU (fault injection)."""
-
-    decode_log_interval: int = 40
-    prefix_state: bool = False
-    max_chunk_steps: int | None = None
-    cache: PrefixCache | None = None
-    speed: float = 1.0
 
 
 class SimScheduler:
@@ -100,7 +49,7 @@ class SimScheduler:
 
     def __init__(self, plan: MemoryPlan, roofline: Roofline, time_scale: float,
                  log: Callable[[str], None],
-                 options: SchedulerOptions = SchedulerOptions()) -> None:
+                 options: SchedulerOptions = DEFAULT_OPTIONS) -> None:
         self.plan = plan
         self.roofline = roofline
         self.time_scale = time_scale
@@ -293,9 +242,23 @@ class SimScheduler:
             chunk = self._steps_that_fit(
                 max(1, min(to_finish, min_steps, self.max_chunk_steps or min_steps)), accept)
             first_token = self._modeled_clock + modeled + step  # after the prefill, 1 step
-            modeled += chunk * step
+            modeled += self.roofline.decode_steps_s(n, avg_ctx, chunk, accept) / self.speed
             await self._sleep_modeled(modeled)
+            before = len(self.running)
             self._advance(chunk, accept, modeled, first_token)
+            if len(self.running) < before:
+                await self._let_clients_send()
+
+    async def _let_clients_send(self) -> None:
+        """Answered clients send their next rows before the next admission, as they reach
+        SGLang within its poll: yield until the queue stops growing (a few loop turns)."""
+        quiet = 0
+        for _ in range(16):
+            waiting = len(self.waiting)
+            await asyncio.sleep(0)
+            quiet = quiet + 1 if len(self.waiting) == waiting else 0
+            if quiet >= 2:
+                return
 
     def _advance(self, chunk: int, accept: float, modeled: float, first_token: float) -> None:
         produced = 0.0
