@@ -143,10 +143,10 @@ def _run_now(settings: Any, config_file: str | None, overrides: dict[str, Any]) 
                           "marked Crashed", highlight=False, soft_wrap=True)
             with _manifest_progress(settings.local_output()), tags(process_tag()):
                 summary = generate(**top, config_file=config_file, overrides=params)
-    except (InputError, PlanMismatch, LaunchError, ServerStartFailed, ValueError) as exc:
+    except (InputError, PlanMismatch, LaunchError, ValueError) as exc:
         fail(str(exc), code=1)
         return
-    except (FleetDown, FleetCannotServe) as exc:
+    except (FleetDown, FleetCannotServe, ServerStartFailed) as exc:
         _fail_with_block(exc, settings.local_output())
         return
     except KeyboardInterrupt:
@@ -179,10 +179,12 @@ def _fail_with_block(exc: Exception, output: Path) -> None:
 
     from expansion.failure_report import failure_block
     from tasks.first_batch import FleetCannotServe
+    from tasks.health import ServerStartFailed
 
     # the last thing printed is the block: not Prefect's "Stopping temporary server" at exit
     logging.getLogger("prefect").setLevel(logging.WARNING)
-    kind = "cannot_serve" if isinstance(exc, FleetCannotServe) else "fleet_down"
+    kind = ("cannot_serve" if isinstance(exc, FleetCannotServe) else
+            "start_failed" if isinstance(exc, ServerStartFailed) else "fleet_down")
     for line in failure_block(kind, str(exc), output):
         err.print(line, highlight=False, soft_wrap=True, markup=False)
     raise typer.Exit(1)

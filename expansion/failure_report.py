@@ -29,14 +29,21 @@ ADVICE: dict[tuple[str, Cause], str] = {
         "the servers died of a kernel fault mid-run: if one row's input does it, the suspects' "
         "lane finds it on the next run; else check the build and the kernel backends, then run "
         "the same command to resume"),
+    ("start_failed", "out_of_memory"): (
+        "the pools do not fit the GPU: raise server.mem_fraction_static, or lower "
+        "server.max_running_requests or the mamba share (`expansion plan` shows what fits), "
+        "then run again"),
 }
 DEFAULT_ADVICE = {
+    "start_failed": "fix what SGLang names above (a flag, the model path, the environment), "
+                    "then run the same command: nothing was lost",
     "cannot_serve": "the servers cannot run a batch with these flags: read their logs above "
                     "and change what they name before running again",
     "fleet_down": "every server stopped answering: read their logs above, fix what they name "
                   "(or the servers' host), then run the same command to resume",
 }
-TITLES = {"cannot_serve": "the fleet cannot serve", "fleet_down": "the fleet went down"}
+TITLES = {"cannot_serve": "the fleet cannot serve", "fleet_down": "the fleet went down",
+          "start_failed": "a server failed to start"}
 
 
 def server_crashes(output: Path) -> dict[Path, list[CrashLine]]:
@@ -60,7 +67,8 @@ def failure_block(kind: str, message: str, output: Path) -> list[str]:
     from infra.manifest import Manifest
 
     crashes = server_crashes(output)
-    lines = [f"error: {TITLES.get(kind, kind)}: {message.splitlines()[0]}"]
+    what = message.splitlines()[0].split("; its log ")[0].removesuffix(":")
+    lines = [f"error: {TITLES.get(kind, kind)}: {what}"]
     by_words: dict[tuple[str, ...], list[str]] = {}  # logs that said the same, together
     for log, said in crashes.items():
         by_words.setdefault(tuple(str(c) for c in said[:2]), []).append(log.name)
@@ -73,7 +81,8 @@ def failure_block(kind: str, message: str, output: Path) -> list[str]:
         total = manifest.load_plan().num_shards
         committed = len(manifest.committed())
         lines.append(f"  safe: {committed} shard(s) committed in {output}; "
-                     f"{total - committed} pending, nothing lost (no row was blamed)")
+                     f"{total - committed} pending, nothing lost"
+                     + (" (no row was blamed)" if kind == "cannot_serve" else ""))
     except (FileNotFoundError, ValueError):
         lines.append(f"  safe: nothing was committed in {output} yet")
     cause = main_cause([c for said in crashes.values() for c in said])

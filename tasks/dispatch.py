@@ -154,7 +154,7 @@ class Dispatcher:
                 while self._shards and not self.stop.is_set():
                     self._raise_if_failed()
                     if len(self._dead) == len(self.endpoints):
-                        raise FleetDown(
+                        raise self._first.all_dead() or FleetDown(
                             f"all {len(self.endpoints)} servers stopped answering; "
                             f"{len(self._shards)} shard(s) left uncommitted, they resume on "
                             "the next run")

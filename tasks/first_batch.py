@@ -65,14 +65,19 @@ class FirstBatchWatch:
             return None
         self._seen.add((server, generation))
         self.deaths[server] = self.deaths.get(server, 0) + 1
-        if (all(self.deaths.get(s, 0) for s in self.servers)
-                and sum(self.deaths.values()) >= len(self.servers) + self.relaunches):
-            told = ", ".join(f"{s} {n}×" for s, n in sorted(self.deaths.items()))
-            return FleetCannotServe(
-                f"every server died on its first batch"
-                f"{', again after a relaunch' if self.relaunches else ''} ({told}) before "
-                "any answered; no row is blamed", dict(self.deaths))
+        if sum(self.deaths.values()) >= len(self.servers) + self.relaunches:
+            return self.all_dead()
         return None
+
+    def all_dead(self) -> FleetCannotServe | None:
+        """The verdict when every server is gone: cannot serve if each died on its first
+        batch with nothing answered (a relaunch that had not come up yet changes nothing)."""
+        if self.total_answers or not all(self.deaths.get(s, 0) for s in self.servers):
+            return None
+        told = ", ".join(f"{s} {n}×" for s, n in sorted(self.deaths.items()))
+        again = ", again after a relaunch" if sum(self.deaths.values()) > len(self.servers) else ""
+        return FleetCannotServe(f"every server died on its first batch{again} ({told}) before "
+                                "any answered; no row is blamed", dict(self.deaths))
 
 
 def recorded_failure(output: Path, fingerprint: str) -> bool:
