@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import ast
 import functools
-import gzip
 import json
 import sys
-import zipfile
 from pathlib import Path
 from typing import Literal
 
+from infra.sglang.release_tables import read_release_file
 from infra.sglang.versions import SGLangVersion
 
 FLAGS_FILE = Path(__file__).parent / "data" / "sglang_flags.json"
@@ -33,13 +32,7 @@ _NO_VALUE_ACTIONS = ("store_true", "store_false", "StoreTrue", "StoreConst", "st
 
 
 def read_server_args(path: Path) -> str:
-    if path.suffix == ".whl":
-        with zipfile.ZipFile(path) as wheel:
-            return wheel.read(SERVER_ARGS_PATH).decode()
-    if path.is_dir():
-        path = path / SERVER_ARGS_PATH
-    raw = path.read_bytes()
-    return (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode()
+    return read_release_file(path, SERVER_ARGS_PATH)
 
 
 def extract_flags(source: str) -> dict[str, Takes]:
@@ -141,9 +134,9 @@ def main(argv: list[str]) -> int:
         print("usage: python -m infra.sglang.release_flags WHEEL_OR_SERVER_ARGS... "
               "(named with their release: sglang-0.5.17-….whl, server_args-0.5.17.py.gz)")
         return 2
-    from infra.sglang.release_tables import _release_of
+    from infra.sglang.release_tables import release_of
 
-    data = {_release_of(Path(p)): extract_flags(read_server_args(Path(p))) for p in argv}
+    data = {release_of(Path(p)): extract_flags(read_server_args(Path(p))) for p in argv}
     FLAGS_FILE.write_text(json.dumps(dict(sorted(data.items(), key=lambda d: _key(d[0]))),
                                      indent=0) + "\n")
     print(f"wrote {FLAGS_FILE} ({', '.join(f'{r}: {len(f)} flags' for r, f in data.items())})")

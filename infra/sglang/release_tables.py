@@ -80,12 +80,17 @@ def _compared_backend(func: ast.FunctionDef) -> str:
 
 
 def read_overrides(path: Path) -> str:
-    """overrides.py's text from a wheel, a site-packages folder, a .py or a .py.gz."""
+    return read_release_file(path, OVERRIDES_PATH)
+
+
+def read_release_file(path: Path, inner: str) -> str:
+    """One source file of a release (`inner`, as in the wheel) from a wheel, a site-packages
+    folder, or the file itself as .py or .py.gz."""
     if path.suffix == ".whl":
         with zipfile.ZipFile(path) as wheel:
-            return wheel.read(OVERRIDES_PATH).decode()
+            return wheel.read(inner).decode()
     if path.is_dir():
-        path = path / OVERRIDES_PATH
+        path = path / inner
     raw = path.read_bytes()
     return (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode()
 
@@ -124,7 +129,7 @@ def write_tables(sources: list[tuple[str, Path]]) -> dict[str, object]:
     return data
 
 
-def _release_of(path: Path) -> str:
+def release_of(path: Path) -> str:
     """`sglang-0.5.17-cp311-….whl` or `overrides-0.5.17.py.gz` → 0.5.17."""
     for part in path.name.replace("-", " ").replace(".py", " ").split():
         if part[:1].isdigit() and part.count(".") == 2:
@@ -137,7 +142,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m infra.sglang.release_tables WHEEL_OR_OVERRIDES... "
               "(named with their release: sglang-0.5.17-….whl, overrides-0.5.17.py.gz)")
         return 2
-    data = write_tables([(_release_of(Path(p)), Path(p)) for p in argv])
+    data = write_tables([(release_of(Path(p)), Path(p)) for p in argv])
     TABLES_FILE.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {TABLES_FILE} ({', '.join(data)})")
     return 0

@@ -57,6 +57,7 @@ class SimScheduler:
         self.decode_log_interval = options.decode_log_interval
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
+        self._kv_memo: int | None = None  # _kv_used, until the running set changes
         self.stats = EngineStats()
         self._wake = asyncio.Event()
         self._slots_per_request = tracking_slots(plan.mamba_strategy, plan.overlap_schedule,
@@ -92,7 +93,11 @@ class SimScheduler:
         return req
 
     def _kv_used(self) -> int:
-        return sum(r.prompt_tokens + int(r.generated) for r in self.running)
+        """KV tokens the running requests hold (kept until the running set or its lengths
+        change: asked several times an event, it was half a long replay's time)."""
+        if self._kv_memo is None:
+            self._kv_memo = sum(r.prompt_tokens + int(r.generated) for r in self.running)
+        return self._kv_memo
 
     def _admit(self) -> int:
         """Move waiting requests into the running batch; return tokens to prefill. SGLang
@@ -134,6 +139,7 @@ class SimScheduler:
                 nxt.cached_tokens = cached
                 cached_sum += cached
             self.running.append(nxt)
+            self._kv_memo = None
             batch.append(nxt)
             chunk.append(nxt)
             room -= need
@@ -191,6 +197,7 @@ class SimScheduler:
             req.retractions += 1
             self.waiting.append(req)  # SGLang: the back of the queue (FCFS, no sort)
         self.running = keep
+        self._kv_memo = None
         self._batch_full = False
         self.stats.retracted_last = len(retracted)
         self.stats.retracted_total += len(retracted)
@@ -269,6 +276,7 @@ class SimScheduler:
             if req.first_token_at is None:
                 req.first_token_at = first_token
             req.generated = min(float(req.target_tokens), req.generated + chunk * accept)
+            self._kv_memo = None
             produced += req.generated - before
             if req.generated >= req.target_tokens:
                 self.stats.prompt_tokens_total += req.prompt_tokens
@@ -297,6 +305,7 @@ class SimScheduler:
         if len(still) < len(self.running):
             self._batch_full = False  # a request finished (or went away): try admitting again
         self.running = still
+        self._kv_memo = None
         self._publish()
 
     def _record(self, req: SimRequest) -> None:

@@ -29,6 +29,17 @@ def run_once(args: list[str], env: dict[str, str]) -> tuple[subprocess.Completed
     return done, time.monotonic() - started
 
 
+def job(tmp_path: Path, prompt: str, rows: int) -> tuple[dict[str, str], Path, Path]:
+    """The environment of a CLI run on a Prefect home of its own, its prompts, its output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    migrated_home(tmp_path / "prefect-home")
+    src = tmp_path / "p.jsonl"
+    src.write_text("".join(json.dumps({"id": f"i{i}", "prompt": prompt.format(i)}) + "\n"
+                           for i in range(rows)))
+    return env, src, tmp_path / "out"
+
+
 def error_block(output: str) -> list[str]:
     lines = output.rstrip().splitlines()
     start = max(i for i, line in enumerate(lines) if line.startswith("error: "))
@@ -37,13 +48,7 @@ def error_block(output: str) -> list[str]:
 
 @pytest.mark.slow
 def test_a_fleet_whose_every_batch_dies_stops_with_sglangs_words(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
-    migrated_home(tmp_path / "prefect-home")
-    src = tmp_path / "p.jsonl"
-    src.write_text("".join(json.dumps({"id": f"i{i}", "prompt": f"note {i}: POISON"}) + "\n"
-                           for i in range(200)))
-    out = tmp_path / "out"
+    env, src, out = job(tmp_path, "note {}: POISON", 200)
     args = [EXPANSION, "run", "--prompts", str(src), "--output", str(out), "--gpus", "0,1",
             "--set", f"base_port={free_port_block(2)}", "--set", "sim.startup_s=0.2",
             "--set", 'sim.faults={"crash_on_text": "POISON"}']
@@ -71,13 +76,7 @@ def test_a_fleet_whose_every_batch_dies_stops_with_sglangs_words(tmp_path: Path)
 
 @pytest.mark.slow
 def test_a_server_that_fails_to_start_ends_with_the_same_block(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
-    migrated_home(tmp_path / "prefect-home")
-    src = tmp_path / "p.jsonl"
-    src.write_text("".join(json.dumps({"id": f"i{i}", "prompt": f"note {i}"}) + "\n"
-                           for i in range(50)))
-    out = tmp_path / "out"
+    env, src, out = job(tmp_path, "note {}", 50)
     done, _ = run_once([EXPANSION, "run", "--prompts", str(src), "--output", str(out),
                         "--gpus", "0", "--set", f"base_port={free_port_block(1)}",
                         "--set", "server.mem_fraction_static=0.05"], env)
@@ -87,3 +86,23 @@ def test_a_server_that_fails_to_start_ends_with_the_same_block(tmp_path: Path) -
     assert any("ValueError: mem_fraction_static=0.050 leaves no memory for pools" in line
                for line in block), block
     assert block[-1].startswith("  advice: fix what SGLang names above"), block
+
+
+@pytest.mark.slow
+def test_a_fleet_that_goes_down_mid_run_ends_with_the_same_block(tmp_path: Path) -> None:
+    """Every server dies after 10 answers, relaunched ones too: the fleet served, so it is
+    down, not unable to serve — the block says so, quotes the crash and keeps what was
+    committed."""
+    env, src, out = job(tmp_path, "note {}", 600)
+    done, _ = run_once([EXPANSION, "run", "--prompts", str(src), "--output", str(out),
+                        "--gpus", "0,1", "--set", f"base_port={free_port_block(2)}",
+                        "--set", "sim.startup_s=0.2", "--set", "shard_size=20",
+                        "--set", 'sim.faults={"crash_after_requests": 10}'], env)
+    block = error_block(done.stderr)
+    assert done.returncode == 1 and len(block) <= 12, done.stderr[-3000:]
+    assert block[0].startswith("error: the fleet went down: all 2 servers stopped answering"), (
+        block)
+    assert any("simulated crash (fault injection)" in line for line in block), block
+    assert any(line.startswith("  safe: ") and "pending, nothing lost" in line
+               for line in block), block
+    assert not (out / "servers" / "cannot-serve.json").exists()
