@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tasks.fleet_control import DispatchEnded
 from tasks.health import ServerStartFailed, StartAborted, log_tail
 from tasks.rolling import RollingFleet
 from tasks.tuning.cycles import Cycle
@@ -134,8 +135,8 @@ def relaunch(index: int, state: TunerState, fleet: RollingFleet, epoch: int) -> 
     state.logger.warning("%s: relaunched alone on the same config", why)
     try:
         replaced = fleet.replace(index, settings, tag="relaunch", force=True)
-    except StartAborted:
-        return False  # the epoch is ending
+    except (StartAborted, DispatchEnded):
+        return False  # the epoch is ending (its stop finds the relaunched process)
     except ServerStartFailed as exc:
         state.logger.error("server-%d did not come back (%s); the others go on without it",
                            index, str(exc).splitlines()[0][:200])
