@@ -210,7 +210,7 @@ def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
     return Proposal(chosen, None, tok_s,
                     f"{diagnosis.kind}: {label} — predicted {tok_s:,.0f} tok/s per GPU "
                     f"({gain:.2f}× the model's figure for the current config; "
-                    f"{demand.describe()})",
+                    f"{demand.describe()}; best of {len(pool)} moves scored)",
                     gain if math.isfinite(gain) else None)
 
 
