@@ -30,7 +30,6 @@ NOT_FLAGS = frozenset({"extra_args"})  # argv items, not one flag
 # Any other flag the targeted release accepts (release_flags.py) is carried verbatim too.
 MODELLED_IN_EXTRA_ARGS = ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode",
                           "--linear-attn-backend", "--load-format")
-CARRIED = MODELLED_IN_EXTRA_ARGS
 
 
 def flag_names(field: str) -> tuple[str, ...]:
@@ -116,13 +115,13 @@ def parse_server_flags(argv: list[str], version: SGLangVersion | None = None) ->
     parser.add_argument("--mamba-strategy", dest="mamba_strategy", choices=strategies)
     for name in ("--model-path", "--model", "--host", "--port", "--api-key", "--config"):
         parser.add_argument(name)
-    for name in CARRIED:
+    for name in MODELLED_IN_EXTRA_ARGS:
         parser.add_argument(name, dest=name, action="append", default=[])
     try:
         namespace, unknown = parser.parse_known_args(argv)
     except argparse.ArgumentError as exc:
         raise ValueError(f"{exc.argument_name}: {exc.message}") from None
-    carried = tuple(item for name in CARRIED for value in getattr(namespace, name)
+    carried = tuple(item for name in MODELLED_IN_EXTRA_ARGS for value in getattr(namespace, name)
                     for item in (name, value))
     if unknown:
         carried += _release_flags(unknown, version)
