@@ -76,15 +76,23 @@ MOE_CALIBRATED_EXPERTS = 64
 
 
 def calibration_for(gpu: GpuProfile, model: ModelProfile | None = None) -> StepCalibration:
-    """The constants measured for this family on this GPU (`H200/mamba2`), else the GPU's
-    own (fitted on the Qwen3.6-27B shapes, a GDN hybrid), else the seeds' fit."""
+    """The constants measured for this family on this GPU (`H200/mamba2`; `H200/gdn-moe` for
+    an MoE of the fitted regime), else the GPU's own (fitted on the Qwen3.6-27B shapes, a GDN
+    hybrid), else the seeds' fit."""
+    key = calibration_key(gpu, model)
+    return measured_calibrations()[key] if key is not None else DEFAULT_CALIBRATION
+
+
+def calibration_key(gpu: GpuProfile, model: ModelProfile | None = None) -> str | None:
+    """The entry of data/step_calibration.json the constants come from (None: none)."""
     table = measured_calibrations()
-    if (model is not None and model.moe and model.moe.num_experts >= MOE_CALIBRATED_EXPERTS
-            and f"{gpu.name}/{model.family}-moe" in table):
-        return table[f"{gpu.name}/{model.family}-moe"]
-    if model is not None and f"{gpu.name}/{model.family}" in table:
-        return table[f"{gpu.name}/{model.family}"]
-    return table.get(gpu.name, DEFAULT_CALIBRATION)
+    if model is not None:
+        moe_key = f"{gpu.name}/{model.family}-moe"
+        if model.moe and model.moe.num_experts >= MOE_CALIBRATED_EXPERTS and moe_key in table:
+            return moe_key
+        if f"{gpu.name}/{model.family}" in table:
+            return f"{gpu.name}/{model.family}"
+    return gpu.name if gpu.name in table else None
 
 @dataclass(frozen=True)
 class CalibrationNote:
@@ -107,16 +115,14 @@ UNCALIBRATED_ERROR = 0.5  # the MoE hybrids' rates before their fit ran 20-70 % 
 
 
 def calibration_note(gpu: GpuProfile, model: ModelProfile) -> CalibrationNote:
-    table = measured_calibrations()
-    wanted = f"{gpu.name}/{model.family}" + ("-moe" if model.moe else "")
-    exact = model.moe is None or model.moe.num_experts >= MOE_CALIBRATED_EXPERTS
-    if wanted in table and exact:
-        return CalibrationNote(wanted, True, CALIBRATED_ERROR)
-    if model.family == "gdn" and model.moe is None and gpu.name in table:
-        return CalibrationNote(gpu.name, True, CALIBRATED_ERROR)  # fitted on the 27B (GDN)
-    nearest = f"{gpu.name}/{model.family}" if f"{gpu.name}/{model.family}" in table else (
-        gpu.name if gpu.name in table else "the seeds' RTX PRO 6000 fit")
-    return CalibrationNote(nearest, False, UNCALIBRATED_ERROR)
+    """Calibrated when the constants were fitted on this model's kind: its MoE entry for an
+    MoE, its family's for a dense-MLP hybrid (the GPU's own for GDN: fitted on the 27B)."""
+    key = calibration_key(gpu, model)
+    own = (f"{gpu.name}/{model.family}",
+           gpu.name if model.family == "gdn" else f"{gpu.name}/{model.family}")
+    measured = key is not None and (key.endswith("-moe") if model.moe else key in own)
+    uncertainty = CALIBRATED_ERROR if measured else UNCALIBRATED_ERROR
+    return CalibrationNote(key or "the seeds' RTX PRO 6000 fit", measured, uncertainty)
 
 
 # Speculative verify + draft cost relative to a plain decode step, per draft token.
@@ -143,6 +149,7 @@ class Roofline:
     num_layers: int = 0
     routed_spread: float = 1.0  # share of the routed experts a batch's tokens spread over
     linear_layers: int = 0
+    bf16_flops: float = 0.0  # the GPU's peak, before any efficiency
 
     def decode_step_s(self, running: int, avg_context_tokens: float) -> float:
         """Seconds of GPU time for one decode step of `running` requests."""
@@ -181,13 +188,9 @@ class Roofline:
             return 0.0
         moe = self.moe
         touched = moe.moe_layers * moe.touched_experts(tokens, self.routed_spread)
-        compute = tokens * moe.flops_per_token() / (self.peak_flops_raw
+        compute = tokens * moe.flops_per_token() / (self.bf16_flops
                                                     * self.calibration.moe_efficiency)
         return touched * self.expert_bytes / self.bandwidth_bps + compute
-
-    @property
-    def peak_flops_raw(self) -> float:
-        return self.peak_flops / self.calibration.prefill_efficiency
 
     def prefill_s(self, tokens: int) -> float:
         return tokens * self.flops_per_token / self.peak_flops
@@ -229,6 +232,7 @@ def build_roofline(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
         num_layers=model.num_layers,
         routed_spread=routed_spread(model, flags, cal),
         linear_layers=model.num_linear_layers,
+        bf16_flops=gpu.bf16_tflops * 1e12,
     )
 
 

@@ -364,7 +364,7 @@ class SimScheduler:
             accept = self.roofline.accept_len
             rate = (accept - 1) / max(1, self.plan.draft_tokens - 1)
             spec = f"accept len: {accept:.2f}, accept rate: {rate:.2f}, "
-        graph = len(self.running) <= self.plan.graph_max_bs
+        graph = self.roofline.graphed(len(self.running))
         self.log(
             f"Decode batch, #running-req: {len(self.running)}, {self._usage_part(decode=True)}, "
             f"{spec}cuda graph: {graph}, gen throughput (token/s): "
