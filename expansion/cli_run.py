@@ -125,9 +125,9 @@ def _run_now(settings: Any, config_file: str | None, overrides: dict[str, Any]) 
     from infra.prefect_api import use_temporary_api
     from infra.prefect_runs import crash_vanished_runs, process_tag
     from infra.prompts import InputError
-    from tasks.first_batch import FleetCannotServe, FleetDown
     from tasks.health import ServerStartFailed
     from tasks.local_servers import LaunchError
+    from tasks.run_ends import RunEnd
 
     # The flow's own parameters show in the Prefect UI; the rest are overrides.
     top = {k: overrides.pop(k) for k in ("prompts", "output", "engine", "gpus", "model")
@@ -146,7 +146,7 @@ def _run_now(settings: Any, config_file: str | None, overrides: dict[str, Any]) 
     except (InputError, PlanMismatch, LaunchError, ValueError) as exc:
         fail(str(exc), code=1)
         return
-    except (FleetDown, FleetCannotServe, ServerStartFailed) as exc:
+    except (RunEnd, ServerStartFailed) as exc:
         _fail_with_block(exc, settings.local_output())
         return
     except KeyboardInterrupt:
@@ -178,13 +178,11 @@ def _fail_with_block(exc: Exception, output: Path) -> None:
     import logging
 
     from expansion.failure_report import failure_block
-    from tasks.first_batch import FleetCannotServe
-    from tasks.health import ServerStartFailed
+    from tasks.run_ends import RunEnd
 
     # the last thing printed is the block: not Prefect's "Stopping temporary server" at exit
     logging.getLogger("prefect").setLevel(logging.WARNING)
-    kind = ("cannot_serve" if isinstance(exc, FleetCannotServe) else
-            "start_failed" if isinstance(exc, ServerStartFailed) else "fleet_down")
+    kind = exc.kind if isinstance(exc, RunEnd) else "start_failed"
     for line in failure_block(kind, str(exc), output):
         err.print(line, highlight=False, soft_wrap=True, markup=False)
     raise typer.Exit(1)

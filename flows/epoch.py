@@ -109,5 +109,5 @@ def _stop(ctx: JobContext, tuner: Tuner, handles: list[ServerHandle],
             ctx.logger.warning("GPU memory still in use after stop (MiB by GPU): %s; the next "
                                "launch may get smaller pools", report.gpus_busy)
     if uploader is not None and uploader.close():
-        ctx.logger.warning("%d shard uploads failed; the final upload retries them",
+        ctx.logger.warning("%d shard(s) not uploaded yet: the final upload sends them",
                            uploader.failures)

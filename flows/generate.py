@@ -28,16 +28,17 @@ from infra.locations import location_problem
 from infra.processes import ephemeral_port_warning
 from infra.prompts import validate_input
 from infra.settings import NULL, JobSettings, load_settings
-from infra.storage import Destination, open_destination
+from infra.storage import Destination, StorageError, open_destination
 from tasks.capacity import capacity_note
 from tasks.engines import engine_for, model_is_hybrid
 from tasks.monitor import FleetMonitor
+from tasks.run_ends import DISK_ERRNOS, BucketUnreachable, free_space_note, writing_output
 from tasks.shards import JobState, plan_shards, vocabulary_warning
 from tasks.totals import RunTotals
 from tasks.tuning.ledger import TuningLedger
 from tasks.tuning.policy import pools_pinned
 from tasks.tuning.tuner import Tuner
-from tasks.upload import restore_from, upload
+from tasks.upload import UploadReport, restore_from, upload
 
 
 def job_settings(prompts: str | None = None, output: str | None = None,
@@ -152,7 +153,10 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
     if target:
         dest = open_destination(target, settings.storage.endpoint_url, settings.storage.region,
                                 settings.storage.multipart_mb)
-        restored = restore_from(dest, out) if node is None else 0
+        try:  # before any server starts: a bucket out of reach is said now, not at the end
+            restored = restore_from(dest, out) if node is None else 0
+        except StorageError as exc:
+            raise BucketUnreachable(str(exc)) from exc
         if restored:
             logger.info("restored %d committed shards from %s", restored, dest.label)
     state = _pending_state(settings, out, shards)
@@ -181,22 +185,48 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
             _run_epochs(state, ctx, tuner, shards)
         finally:
             monitor.stop()
-            monitor.write(out / "monitor" / f"metrics-{int(time.time())}.parquet")
+            _keep_series(monitor, out, logger)
     settings = tuner.settings
     summary = summarize(tuner, initial, totals, time.monotonic() - started)
     if tuner.capacities:
-        _, artifact = write_report(out, summary, monitor.snapshot(), summary.cycles,
-                                   tuner.time_scale, tuner.caps_by_epoch)
+        with writing_output("the run report", out):
+            _, artifact = write_report(out, summary, monitor.snapshot(), summary.cycles,
+                                       tuner.time_scale, tuner.caps_by_epoch)
         create_markdown_artifact(artifact, key="run-report",
                                  description="throughput, pool usage and restarts")
     if target:  # after the report: the bucket gets it, with the tuning ledger, series and logs
-        rep = upload(
-            str(out), target, settings.storage.endpoint_url, settings.storage.region,
-            manifest_key, settings.storage.multipart_mb, f"nodes/{node}/" if node else "")
+        rep = _final_upload(settings, out, target, manifest_key, node)
         logger.info("upload to %s: %d new, %d already there", rep.destination, rep.uploaded,
                     rep.skipped)
     logger.info(format_summary(summary))
     return summary.model_dump()
+
+
+def _keep_series(monitor: FleetMonitor, out: Path, logger: Any) -> None:
+    """Write the fleet's time series; a disk that refuses it loses the series, not the run's
+    end (the shards, and the error that says why the disk refused, come first)."""
+    try:
+        monitor.write(out / "monitor" / f"metrics-{int(time.time())}.parquet")
+    except OSError as exc:
+        if exc.errno not in DISK_ERRNOS:
+            raise
+        logger.warning("the fleet's time series was not written: %s (%s)", exc.strerror,
+                       free_space_note(out))
+
+
+def _final_upload(settings: JobSettings, out: Path, target: str, manifest_key: str,
+                  node: str | None) -> UploadReport:
+    """The final verified upload, retried at `storage.upload_retry_delays_s`; a bucket still
+    unreachable after them ends the run as BucketUnreachable (every shard is committed
+    locally, and the same command uploads what the bucket lacks)."""
+    store = settings.storage
+    delays = list(store.upload_retry_delays_s)
+    try:
+        return upload.with_options(retries=len(delays), retry_delay_seconds=delays)(
+            str(out), target, store.endpoint_url, store.region, manifest_key,
+            store.multipart_mb, f"nodes/{node}/" if node else "")
+    except StorageError as exc:
+        raise BucketUnreachable(f"{exc} (after {len(delays) + 1} tries)") from exc
 
 
 def _run_epochs(state: JobState, ctx: JobContext, tuner: Tuner,

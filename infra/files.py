@@ -26,12 +26,19 @@ def fsync_dir(path: Path) -> None:
 
 
 def atomic_write(path: Path, data: bytes, fsync: bool = False) -> None:
+    """Write through a temporary file renamed over `path`: a reader sees the old file or the
+    whole new one. A write the disk refuses removes its temporary (on a full disk it holds
+    the space the next try needs)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        if fsync:
-            fh.flush()
-            os.fsync(fh.fileno())
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
     if fsync:
         fsync_dir(path.parent)

@@ -14,6 +14,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    NonNegativeFloat,
     SecretStr,
     ValidationError,
     field_validator,
@@ -94,6 +95,17 @@ class SimSettings(BaseModel):
     output_p99_tokens: int | None = Field(
         None, ge=2, description="99th percentile of answer lengths, with output_mean_tokens")
 
+    @field_validator("faults")
+    @classmethod
+    def _known_faults(cls, faults: dict[str, Any]) -> dict[str, Any]:
+        """A misspelt fault would start servers that inject nothing: refuse it here."""
+        from infra.sim.config import fault_problem
+
+        problem = fault_problem(faults)
+        if problem:
+            raise ValueError(problem)
+        return faults
+
     @model_validator(mode="after")
     def _lengths_go_together(self) -> SimSettings:
         mean, p99 = self.output_mean_tokens, self.output_p99_tokens
@@ -115,6 +127,10 @@ class StorageSettings(BaseModel):
     multipart_mb: int = Field(64, ge=5, le=5000, description="multipart threshold and part size")
     staging_dir: str = Field("expansion-staging",
                              description="local working copy when output is s3://")
+    upload_retry_delays_s: tuple[NonNegativeFloat, ...] = Field(
+        (2.0, 8.0, 30.0, 60.0), max_length=20,
+        description="waits between tries of the final upload; a bucket still unreachable "
+                    "after them ends the run (every shard stays committed locally)")
 
 
 class TuningSettings(BaseModel):

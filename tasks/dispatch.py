@@ -37,7 +37,7 @@ from tasks.dispatch_records import (
     TransientFailure,
     WorkItem,
 )
-from tasks.first_batch import FirstBatchWatch, FleetCannotServe, FleetDown
+from tasks.first_batch import FirstBatchWatch, FleetCannotServe
 from tasks.hand_back import InFlight
 from tasks.requests import (
     Delivery,
@@ -46,15 +46,10 @@ from tasks.requests import (
     output_row,
     unsendable,
 )
+from tasks.run_ends import FleetDown, RunEnd
 from tasks.suspects import SuspectLane, quarantined, server_died
 
-__all__ = [
-    "DispatchOptions",
-    "DispatchStats",
-    "Dispatcher",
-    "Endpoint",
-    "FleetDown",
-]
+__all__ = ["DispatchOptions", "DispatchStats", "Dispatcher", "Endpoint"]
 
 log = logging.getLogger("expansion.dispatch")
 
@@ -101,6 +96,7 @@ class Dispatcher:
         self._workers: list[asyncio.Task[None]] = []
         self._stack: contextlib.AsyncExitStack | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.may_revive: Callable[[], bool] = lambda: False  # set by FleetControl.bind
 
     def _clients(self, endpoints: list[Endpoint]) -> list[tuple[Endpoint, httpx.AsyncClient]]:
         """One (endpoint, client) per worker; a client serves at most POOL_CONNECTIONS workers
@@ -136,6 +132,11 @@ class Dispatcher:
     def _live(self) -> list[Endpoint]:
         return [e for e in self.endpoints if e.name not in self._dead | self._retired]
 
+    def _fleet_down(self) -> bool:
+        """No server takes work (dead, or out for a failed restart) and none may come back
+        (no restart under way, no relaunch left to try): a wait otherwise."""
+        return not self._live() and not self.may_revive()
+
     def _window(self) -> int:
         """Prompts to keep queued: twice what the live fleet takes at once."""
         return max(2 * sum(e.limit for e in self._live()), 64)
@@ -153,11 +154,10 @@ class Dispatcher:
                 await feeder
                 while self._shards and not self.stop.is_set():
                     self._raise_if_failed()
-                    if len(self._dead) == len(self.endpoints):
+                    if self._fleet_down():
                         raise self._first.all_dead() or FleetDown(
-                            f"all {len(self.endpoints)} servers stopped answering; "
-                            f"{len(self._shards)} shard(s) left uncommitted, they resume on "
-                            "the next run")
+                            f"all {len(self.endpoints)} servers stopped answering "
+                            f"({len(self._shards)} shard(s) in flight, not committed)")
                     await asyncio.sleep(0.02)
                 if self.stop.is_set():
                     await self._drain(self.drain_timeout_s)
@@ -179,6 +179,8 @@ class Dispatcher:
         scan of thousands of workers every 20 ms)."""
         if self._fatal is not None:
             raise self._fatal
+        if isinstance(self._broken, RunEnd):  # the output's disk refused a commit
+            raise self._broken
         if self._broken is not None:
             raise RuntimeError("a dispatch worker failed") from self._broken
 
@@ -221,7 +223,7 @@ class Dispatcher:
         for shard_id, rows in shards:
             while self._queue.qsize() >= self._window() and not self.stop.is_set():
                 await asyncio.sleep(0.005)
-                if len(self._dead) == len(self.endpoints):
+                if self._fleet_down():
                     return
             if self.stop.is_set():
                 return

@@ -18,15 +18,15 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tasks.run_ends import RunEnd
+
 RECORD = "servers/cannot-serve.json"  # in the output folder: flags that could not serve
 
 
-class FleetDown(RuntimeError):
-    """Every server stopped answering; committed shards are safe, the rest resume later."""
-
-
-class FleetCannotServe(RuntimeError):
+class FleetCannotServe(RunEnd):
     """Every server died on its first batch, again after a relaunch."""
+
+    kind = "cannot_serve"
 
     def __init__(self, message: str, deaths: dict[str, int]) -> None:
         super().__init__(message)

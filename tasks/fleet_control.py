@@ -9,9 +9,10 @@ every other server keeps generating. Every call hops onto the loop thread-safely
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -35,10 +36,31 @@ class FleetControl:
     def __init__(self) -> None:
         self._dispatcher: Dispatcher | None = None
         self._lock = threading.Lock()
+        # Set by whoever relaunches dead servers (the tuner's repair): whether one may still
+        # come back. The dispatcher asks it before it calls a fleet with every server dead down.
+        self.revival: Callable[[], bool] | None = None
+        self._restarting = 0  # servers out of dispatch for a restart now (RollingFleet)
 
     def bind(self, dispatcher: Dispatcher) -> None:
         with self._lock:
             self._dispatcher = dispatcher
+        dispatcher.may_revive = self._may_revive
+
+    def _may_revive(self) -> bool:
+        revival = self.revival
+        return self._restarting > 0 or (revival is not None and revival())
+
+    @contextlib.contextmanager
+    def restarting(self) -> Iterator[None]:
+        """Around a server's restart: while it lasts, a fleet with no server in dispatch is
+        waiting for this one, not down."""
+        with self._lock:
+            self._restarting += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._restarting -= 1
 
     def unbind(self) -> None:
         with self._lock:

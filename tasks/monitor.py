@@ -8,6 +8,7 @@ per GPU mean the same thing on the simulator and on hardware.
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -17,6 +18,7 @@ from typing import Protocol
 import polars as pl
 from prometheus_client.parser import text_string_to_metric_families
 
+from infra.files import atomic_write
 from infra.sglang.client import get_metrics_text
 from infra.sglang.observe import parse_metrics
 
@@ -151,5 +153,7 @@ class FleetMonitor:
                   "generation_tokens_total": pl.Float64, "retracted": pl.Float64,
                   "cache_hit_rate": pl.Float64, "requests_total": pl.Float64,
                   "decode_tokens_total": pl.Float64}
-        pl.DataFrame(rows, schema=schema).write_parquet(path)
+        buf = io.BytesIO()  # polars reports a full disk as ComputeError: write it ourselves
+        pl.DataFrame(rows, schema=schema).write_parquet(buf)
+        atomic_write(path, buf.getvalue())
         return path

@@ -76,10 +76,15 @@ class RollingFleet:
         """Restart server `index` with `settings` (with the same server flags only when
         `force`: otherwise the client limit changes in place); raises ServerStartFailed (the
         server is then down and out of dispatch: the caller restores a known config)."""
-        name = f"server-{index}"
         started = time.monotonic()
         if not force and settings.server == self.config[index].server and index in self.caps:
             return self._relimit(index, settings)
+        with self.control.restarting():
+            return self._restart(index, settings, tag, started)
+
+    def _restart(self, index: int, settings: JobSettings, tag: str,
+                 started: float) -> Replaced:
+        name = f"server-{index}"
         self.control.retire(name)
         left = self.control.wait_drained(name, settings.tuning.drain_timeout_s)
         engine = _own_engine(settings)

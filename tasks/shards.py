@@ -31,6 +31,7 @@ from tasks.first_batch import (
     recorded_failure,
 )
 from tasks.fleet_control import FleetControl
+from tasks.run_ends import writing_output
 
 
 @dataclass(frozen=True)
@@ -145,8 +146,9 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
 
     async def commit(shard: int, rows: list[dict[str, Any]],
                      errors: list[dict[str, Any]]) -> None:
-        entry = await asyncio.to_thread(manifest.commit_shard, state.shard_plan, shard, rows,
-                                        errors)
+        with writing_output(f"shard {shard}", Path(state.output)):
+            entry = await asyncio.to_thread(manifest.commit_shard, state.shard_plan, shard,
+                                            rows, errors)
         if on_commit is not None:
             # Off the loop: Prefect's artifact calls turn into coroutines (never awaited, so
             # the progress bar never moved) when called from inside a running event loop.
@@ -185,7 +187,8 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
 
 @task(name="plan_shards", cache_policy=NO_CACHE, retries=0)
 def plan_shards(prompts: str, output: str, shard_size: int) -> JobState:
-    return prepare_job(Path(prompts), Path(output), shard_size)
+    with writing_output("the shard plan", Path(output)):
+        return prepare_job(Path(prompts), Path(output), shard_size)
 
 
 @task(name="generate_shards", cache_policy=NO_CACHE, retries=0)

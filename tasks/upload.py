@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -131,54 +132,82 @@ class ShardUploader:
 
     One thread keeps the order: shard first, manifest line after, so a reader never sees an
     entry whose object is missing. The manifest starts from the remote one (what earlier runs
-    published); if that cannot be read, nothing is published mid-run rather than a manifest
-    that drops entries. A node of a multi-node job publishes under its own key
-    (`manifests/<node>.jsonl`); the fleet flow merges them. Failures wait for the final pass."""
+    published), read before the first shard is published. A node of a multi-node job
+    publishes under its own key (`manifests/<node>.jsonl`); the fleet flow merges them.
+
+    A bucket that stops answering costs the run nothing: after a failed upload the shards
+    that commit wait (in order) for `pause_s`, then go together once it answers again, rather
+    than each waiting out botocore's retries; what is still waiting at the end goes with the
+    final pass."""
 
     def __init__(self, dest: Destination, output: Path,
-                 manifest_key: str | None = None) -> None:
+                 manifest_key: str | None = None, pause_s: float = 60.0) -> None:
         self.dest = dest
         self.output = output
         self.manifest_key = manifest_key or "manifest.jsonl"
-        self._published: dict[int, ManifestEntry] = {}
-        self._publish = False
+        self.pause_s = pause_s
+        self._published: dict[int, ManifestEntry] | None = None  # None: not read yet
+        self._waiting: list[ManifestEntry] = []
+        self._paused_until = 0.0
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
-        self._futures: list[Future[tuple[int, int]]] = []
         self._lock = threading.Lock()
-        self.failures = 0
-        self._futures.append(self._pool.submit(self._start))
+        self._last_error: StorageError | None = None
+        self._futures: list[Future[None]] = [self._pool.submit(self._send_waiting)]
 
-    def _start(self) -> tuple[int, int]:
+    def _start(self) -> None:
         """The plan first (a restore needs it), then what the bucket already lists."""
         plan = self.output / "plan.json"
         if plan.is_file() and self.dest.sha256_of("plan.json") != file_sha256(plan):
             self.dest.put(plan, "plan.json", file_sha256(plan))
         remote = self.dest.get_bytes(self.manifest_key) or b""
         self._published = {e.shard: e for e in parse_jsonl(remote.splitlines(), ManifestEntry)}
-        self._publish = True
-        return 0, 0
 
     def submit(self, entry: ManifestEntry) -> None:
         with self._lock:
-            self._futures.append(self._pool.submit(self._upload, entry))
+            self._futures.append(self._pool.submit(self._queue, entry))
 
-    def _upload(self, entry: ManifestEntry) -> tuple[int, int]:
-        done = upload_entry(self.dest, self.output, entry)
-        if self._publish:
-            self._published[entry.shard] = entry
-            lines = "".join(json.dumps(asdict(self._published[s])) + "\n"
-                            for s in sorted(self._published))
-            self.dest.put_bytes(lines.encode(), self.manifest_key)
-        return done
+    def _queue(self, entry: ManifestEntry) -> None:
+        self._waiting.append(entry)
+        self._send_waiting()
+
+    def _send_waiting(self) -> None:
+        """Publish what waits, oldest first, unless a recent failure paused uploads."""
+        if time.monotonic() < self._paused_until:
+            return
+        try:
+            if self._published is None:
+                self._start()
+            while self._waiting:
+                self._send(self._waiting[0])
+                self._waiting.pop(0)
+        except StorageError as exc:
+            if self._last_error is None:
+                log.warning("upload to %s failed (%s); shards wait %.0f s at a time and go "
+                            "when it answers, or with the final pass", self.dest.label, exc,
+                            self.pause_s)
+            self._last_error = exc
+            self._paused_until = time.monotonic() + self.pause_s
+
+    def _send(self, entry: ManifestEntry) -> None:
+        upload_entry(self.dest, self.output, entry)
+        published = self._published if self._published is not None else {}
+        published[entry.shard] = entry
+        lines = "".join(json.dumps(asdict(published[s])) + "\n" for s in sorted(published))
+        self.dest.put_bytes(lines.encode(), self.manifest_key)
+
+    @property
+    def failures(self) -> int:
+        """Shards not published mid-run (plus 1 if the bucket's manifest was never read)."""
+        return len(self._waiting) + (self._published is None)
 
     def close(self) -> int:
-        """Wait for uploads in flight; return how many failed (the final pass redoes them)."""
+        """Wait for uploads in flight; return how many are left for the final pass. (A bug in
+        an upload is logged here with its traceback: the thread has no one else to tell.)"""
         self._pool.shutdown(wait=True)
         for fut in self._futures:
             exc = fut.exception()
             if exc is not None:
-                self.failures += 1
-                log.warning("shard upload failed, the final pass will retry: %s", exc)
+                log.error("a shard upload broke; the final pass uploads it", exc_info=exc)
         return self.failures
 
 

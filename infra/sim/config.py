@@ -7,6 +7,7 @@ path; what a real server learns from its hardware (GPU model, startup time) come
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -30,14 +31,35 @@ class Faults:
     # real inputs hit a kernel fault; no client-side check can see them coming).
     crash_on_text: str | None = None
     fail_start: str | None = None  # "oom" or "error": refuse to start
+    # "oom" or "error": start once per port, then refuse every restart there (a GPU that an
+    # Xid error left unusable; needs `start_marker_dir`)
+    fail_restart: str | None = None
     start_delay_s: float | None = None  # override the startup delay
     oom_above_mem_fraction: float | None = None  # CUDA OOM at start above this fraction
     # A GPU in a bad state until its server restarts (clocks stuck low, a stray process's
     # kernels): the servers on these ports run `degraded_speed` × as fast on their first
-    # start; a marker file in `degraded_marker_dir` says a start has happened.
+    # start.
     degraded_ports: tuple[int, ...] = ()
     degraded_speed: float = 0.4
-    degraded_marker_dir: str | None = None
+    # A marker file per port there says a server has started on it (degraded_ports and
+    # fail_restart read it: a sim process keeps no memory of its own across restarts).
+    start_marker_dir: str | None = None
+
+
+def fault_problem(faults: dict[str, object]) -> str | None:
+    """What is wrong with a `sim.faults` value, in one line naming the field; None if nothing."""
+    known = {f.name for f in dataclasses.fields(Faults)}
+    unknown = sorted(set(faults) - known)
+    if unknown:
+        return f"sim.faults: unknown fault {unknown[0]!r}; known: {', '.join(sorted(known))}"
+    for name in ("fail_start", "fail_restart"):
+        if faults.get(name) not in (None, "oom", "error"):
+            return f"sim.faults.{name}: {faults[name]!r} is not 'oom' or 'error'"
+    if (faults.get("fail_restart") or faults.get("degraded_ports")) and not faults.get(
+            "start_marker_dir"):
+        return ("sim.faults: fail_restart and degraded_ports need start_marker_dir (a folder "
+                "where each start leaves a marker) to tell a restart from a first start")
+    return None
 
 
 @dataclass(frozen=True)

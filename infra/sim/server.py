@@ -43,6 +43,8 @@ from infra.sim.startup import (
     WEIGHT_LOAD_GIB_S,
     degraded_speed,
     fail_start,
+    first_start_here,
+    injected_start_failure,
     log,
     modeled_startup_s,
     refused_backend,
@@ -329,13 +331,11 @@ def main(argv: list[str] | None = None) -> None:
     except PoolsDoNotFit as exc:
         fail_start(str(exc))
         return
-    oom_above = cfg.faults.oom_above_mem_fraction
-    if cfg.faults.fail_start == "oom" or (oom_above is not None
-                                          and plan.mem_fraction_static > oom_above):
-        fail_start(f"CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
-                   f"of {gpu.total_mib / 1024:.2f} GiB", kind="torch.OutOfMemoryError")
-    if cfg.faults.fail_start == "error":
-        fail_start("simulated startup failure (fault injection)", kind="RuntimeError")
+    first_start = first_start_here(cfg)
+    injected = injected_start_failure(cfg.faults, plan.mem_fraction_static, gpu.total_mib,
+                                      first_start)
+    if injected:
+        fail_start(*injected)
     for line in startup_lines(cfg, plan, free_before):
         log(line)
     time.sleep(delay / 2)
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> None:
     cache = PrefixCache(plan.mamba_strategy, plan.max_total_num_tokens,
                         enabled=not cfg.flags.disable_radix_cache)
     scheduler = SimScheduler(plan, roofline, cfg.time_scale, log, SchedulerOptions(
-        cfg.decode_log_interval, prefix_state, cache=cache, speed=degraded_speed(cfg)))
+        cfg.decode_log_interval, prefix_state, cache=cache, speed=degraded_speed(cfg, first_start)))
     server = SimServer(cfg, plan, scheduler, model.vocab_size)
     modeled = delay * cfg.time_scale  # /metrics speaks modeled GPU seconds
     server.startup_phases = {

@@ -9,16 +9,21 @@ from datetime import datetime
 from pathlib import Path
 
 from infra.sglang.memory import MemoryPlan
-from infra.sim.config import SimConfig
+from infra.sim.config import Faults, SimConfig
 
 READY_LINE = "The server is fired up and ready to roll!"
 
 
 def log(message: str) -> None:
-    """One SGLang-format log line on stdout (the launcher sends it to the log file)."""
+    """One SGLang-format log line on stdout (the launcher sends it to the log file). A line
+    the disk refuses is lost, not fatal: SGLang logs through `logging`, whose handlers report
+    a failed write and carry on serving."""
     stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
-    sys.stdout.write(f"[{stamp}] {message}\n")
-    sys.stdout.flush()
+    try:
+        sys.stdout.write(f"[{stamp}] {message}\n")
+        sys.stdout.flush()
+    except OSError:
+        pass
 
 
 def fail_start(message: str, kind: str = "ValueError") -> None:
@@ -93,14 +98,35 @@ def startup_lines(cfg: SimConfig, plan: MemoryPlan, free_before: float) -> list[
     return lines
 
 
-def degraded_speed(cfg: SimConfig) -> float:
-    """1.0, or the `degraded_speed` fault's factor on this port's first start."""
-    f = cfg.faults
-    if cfg.port not in f.degraded_ports or not f.degraded_marker_dir:
-        return 1.0
-    marker = Path(f.degraded_marker_dir) / f"started-{cfg.port}"
+def first_start_here(cfg: SimConfig) -> bool:
+    """Whether no server started on this port before (faults.start_marker_dir; True without
+    one), marking that one has now."""
+    if not cfg.faults.start_marker_dir:
+        return True
+    marker = Path(cfg.faults.start_marker_dir) / f"started-{cfg.port}"
     if marker.exists():
-        return 1.0
+        return False
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text("")
+    return True
+
+
+def injected_start_failure(faults: Faults, mem_fraction_static: float, total_mib: float,
+                           first_start: bool) -> tuple[str, str] | None:
+    """(message, exception type) of the start failure a fault asks for, as SGLang logs it."""
+    why = faults.fail_start if first_start else (faults.fail_start or faults.fail_restart)
+    oom_above = faults.oom_above_mem_fraction
+    if why == "oom" or (oom_above is not None and mem_fraction_static > oom_above):
+        return (f"CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+                f"of {total_mib / 1024:.2f} GiB", "torch.OutOfMemoryError")
+    if why == "error":
+        return "simulated startup failure (fault injection)", "RuntimeError"
+    return None
+
+
+def degraded_speed(cfg: SimConfig, first_start: bool) -> float:
+    """1.0, or the `degraded_speed` fault's factor on this port's first start."""
+    f = cfg.faults
+    if cfg.port not in f.degraded_ports or not f.start_marker_dir or not first_start:
+        return 1.0
     return f.degraded_speed

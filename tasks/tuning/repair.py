@@ -18,6 +18,7 @@ fleet for it. A row that kills every server it reaches fails its attempts
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -102,9 +103,16 @@ MAX_RELAUNCHES = 2  # per server per job: one that keeps dying is left down, and
 
 def relaunch_handler(state: TunerState, fleet: RollingFleet, epoch: int,
                      watch: RegressionWatch) -> Callable[[], bool]:
-    """The watch's `on_dead`: start each server whose process is gone again, alone."""
+    """The watch's `on_dead`: start each server whose process is gone again, alone. While
+    one is being relaunched or has relaunches left, the dispatcher waits for it rather than
+    end the run when every server is down at once (fleet.control.revival)."""
 
     told: set[str] = set()
+    relaunching = threading.Event()
+
+    def may_revive() -> bool:
+        return watch.watching and (relaunching.is_set() or any(
+            state.relaunched.get(f"server-{i}", 0) < MAX_RELAUNCHES for i in fleet.dead()))
 
     def handle() -> bool:
         relaunched = False
@@ -118,12 +126,17 @@ def relaunch_handler(state: TunerState, fleet: RollingFleet, epoch: int,
                                        fleet.handle(index).log_path)
                 continue
             state.relaunched[name] = state.relaunched.get(name, 0) + 1
-            relaunched |= relaunch(index, state, fleet, epoch)
+            relaunching.set()
+            try:
+                relaunched |= relaunch(index, state, fleet, epoch)
+            finally:
+                relaunching.clear()
         if relaunched:
             caps = state.capacities_changed(epoch, fleet.capacities())
             watch.reconfigured(caps, state.memory_plan(), watch.baseline)
         return relaunched
 
+    fleet.control.revival = may_revive
     return handle
 
 

@@ -103,6 +103,11 @@ class RegressionWatch:
         self._thread.start()
         return self
 
+    @property
+    def watching(self) -> bool:
+        """Whether the watch's thread runs (only it relaunches dead servers)."""
+        return self._thread.is_alive()
+
     def close(self) -> WatchResult:
         """Stop watching; the result's throughput is the median per-tick rate of the epoch
         after warm-up (robust to the job's tail, when the fleet runs out of work). Waits for

@@ -159,7 +159,7 @@ def test_a_slow_server_is_restarted_alone_and_the_rest_keep_generating(
             "tuning.sample_interval_s": 0.25,
             "server.mamba_strategy": "no_buffer", "sampling.max_new_tokens": 512,
             "sim.faults": {"degraded_ports": [port + 2], "degraded_speed": 0.15,
-                           "degraded_marker_dir": str(tmp_path / "markers")}})
+                           "start_marker_dir": str(tmp_path / "markers")}})
     repairs = [c for c in summary["cycles"] if c["kind"] == "restart-one"]
     assert len(repairs) == 1, summary["cycles"]
     assert repairs[0]["diagnosis"] == "asymmetric"

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.dispatch import Dispatcher, DispatchOptions, Endpoint, FleetDown
+from tasks.dispatch import Dispatcher, DispatchOptions, Endpoint
 from tasks.health import ServerStartFailed, wait_until_healthy
+from tasks.run_ends import FleetDown
 
 
 def opts(**changes: object) -> DispatchOptions:
