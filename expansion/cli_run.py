@@ -58,6 +58,9 @@ def run(
         "see `expansion settings`.")] = None,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Print each server's launch command and start nothing.")] = False,
+    force_takeover: Annotated[bool, typer.Option(
+        "--force-takeover", help="Take the output folder from the run that holds it, alive "
+        "or not (you know it is dead: its host is gone).")] = False,
 ) -> None:
     """Run the `generate` flow now (ad hoc), on a simulated or real SGLang fleet."""
     overrides = parse_sets(set_ or [])
@@ -75,6 +78,7 @@ def run(
         "server_urls": server_urls,
         "prompts": str(prompts) if prompts else None, "output": output, "engine": engine,
         "gpus": parse_gpus(gpus), "model": model,
+        "force_takeover": force_takeover or None,
     }
     # A named option wins over `--set` of the same field (both are on the command line).
     overrides.update({k: v for k, v in shortcuts.items() if v is not None})
@@ -327,7 +331,24 @@ def status(output: Annotated[Path, typer.Argument(help="An output folder.")]) ->
     console.print(f"plan {plan.fingerprint}: {len(committed)}/{plan.num_shards} shards "
                   f"committed; {rows} completions, {errors} errors, of {plan.input_rows} "
                   f"prompts; {tokens} output tokens")
+    _print_owner(output)
     _print_crashes(output)
+
+
+def _print_owner(output: Path) -> None:
+    """Who holds the folder's lease (infra/lease.py): a live run, or one that is gone."""
+    import time
+
+    from infra.lease import read_owner
+
+    owner = read_owner(output)
+    if owner is None:
+        return
+    now = time.time()
+    state = ("running" if owner.alive(now) else
+             "gone (its lease is stale: the next run takes it over)")
+    console.print(f"owner: {owner.describe(now)} — {state}", highlight=False, markup=False,
+                  soft_wrap=True)
 
 
 def _print_crashes(output: Path) -> None:

@@ -43,6 +43,9 @@ DEFAULT_ADVICE = {
     "output_unwritable": "make room on that disk (or raise the quota, or move the output "
                          "folder to a larger disk and point --output at it), then run the "
                          "same command to resume: a half-written shard is written again",
+    "output_taken_over": "another run owns this output folder now and finishes the job; "
+                         "this run's committed shards are in its manifest: nothing to do "
+                         "here",
     "bucket_unreachable": "check storage.endpoint_url, the credentials and the network path "
                           "to the bucket, then run the same command: it uploads what the "
                           "bucket lacks and generates nothing again",
@@ -56,6 +59,7 @@ DEFAULT_ADVICE = {
 TITLES = {"cannot_serve": "the fleet cannot serve", "fleet_down": "the fleet went down",
           "start_failed": "a server failed to start",
           "output_unwritable": "the output's disk refused a write",
+          "output_taken_over": "the output folder was taken over",
           "bucket_unreachable": "the bucket could not be reached"}
 
 

@@ -18,12 +18,14 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
+from prefect.runtime import flow_run
 
 from flows.epoch import JobContext, run_epoch
 from flows.progress import Progress
 from flows.report import write_report
 from flows.summary import RunSummary, ServerSummary, format_summary
 from infra.input_lengths import InputLengths, sample_lengths
+from infra.lease import held_lease, in_use_problem
 from infra.locations import location_problem
 from infra.processes import ephemeral_port_warning
 from infra.prompts import validate_input
@@ -74,7 +76,8 @@ def preflight(settings: JobSettings, check_input: bool = True) -> list[str]:
     engine = engine_for(settings)
     specs = engine.launch_specs(settings, settings.local_output())
     engine.check_before_start(settings)
-    problem = location_problem(settings)
+    problem = location_problem(settings) or (
+        None if settings.force_takeover else in_use_problem(settings.local_output()))
     if problem:
         raise ValueError(problem)
     warnings = [w for w in [ephemeral_port_warning([s.port for s in specs]),
@@ -148,6 +151,14 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
                        "text in its database; set EXPANSION_API_KEY in the environment of the "
                        "worker (or the deployment's job_variables env) instead")
     out, target = job_paths(settings, node)
+    with held_lease(out, str(flow_run.name or ""), settings.force_takeover):
+        return _generate_into(settings, out, target, shards, node, logger)
+
+
+def _generate_into(settings: JobSettings, out: Path, target: str | None,
+                   shards: list[int] | None, node: str | None, logger: Any) -> dict[str, Any]:
+    """The job, once this run holds the output folder's lease: restore, plan, epochs,
+    report, upload."""
     manifest_key = f"manifests/{node}.jsonl" if node else "manifest.jsonl"
     dest: Destination | None = None
     if target:

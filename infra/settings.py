@@ -214,6 +214,9 @@ class JobSettings(BaseSettings):
         "columns) into every output row; false keeps the output to id + generation fields")
     startup_timeout_s: float = Field(900.0, gt=0, description="deadline for servers to be healthy")
     stop_grace_s: float = Field(30.0, ge=0, description="SIGTERM → SIGKILL grace period")
+    force_takeover: bool = Field(
+        False, description="take the output folder's lease even from a run that looks alive "
+        "(infra/lease.py): for the operator who knows it is dead")
 
     @field_validator("gpus", mode="before")
     @classmethod

@@ -42,6 +42,12 @@ class OutputUnwritable(RunEnd):
         self.folder = folder
 
 
+class OutputTakenOver(RunEnd):
+    """Another run took this run's output folder (`--force-takeover`): it writes no more."""
+
+    kind = "output_taken_over"
+
+
 class BucketUnreachable(RunEnd):
     """The final upload failed after its retries; every shard is committed locally."""
 

@@ -17,6 +17,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from infra.lease import LeaseLost, check_owned
 from infra.manifest import Manifest, ManifestEntry, ShardPlan, make_plan
 from infra.prompts import iter_rows, open_input, out_of_vocabulary, validate_input
 from infra.settings import JobSettings
@@ -31,7 +32,7 @@ from tasks.first_batch import (
     recorded_failure,
 )
 from tasks.fleet_control import FleetControl
-from tasks.run_ends import writing_output
+from tasks.run_ends import OutputTakenOver, writing_output
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,12 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
 
     async def commit(shard: int, rows: list[dict[str, Any]],
                      errors: list[dict[str, Any]]) -> None:
-        with writing_output(f"shard {shard}", Path(state.output)):
+        output = Path(state.output)
+        try:
+            check_owned(output)  # a run whose folder was taken over writes nothing more
+        except LeaseLost as exc:
+            raise OutputTakenOver(str(exc)) from exc
+        with writing_output(f"shard {shard}", output):
             entry = await asyncio.to_thread(manifest.commit_shard, state.shard_plan, shard,
                                             rows, errors)
         if on_commit is not None:

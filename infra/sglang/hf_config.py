@@ -60,15 +60,43 @@ def _first(cfg: dict[str, Any], *names: str) -> Any:
     raise KeyError(names[0])
 
 
+NEMOTRON_H_ARCHS = ("NemotronHForCausalLM", "NemotronHPuzzleForCausalLM")
+_BLOCK_LETTERS = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+
+
+def nemotron_pattern(cfg: dict[str, Any]) -> str:
+    """The layer pattern as NemotronHConfig resolves it (srt/configs/nemotron_h.py,
+    `_resolve_layers_block_type`): `layers_block_type` when given, else the legacy
+    `hybrid_override_pattern`; its length *is* the layer count (`num_hidden_layers` is a
+    property of it there; a config's own value is ignored). M = mamba, * = attention,
+    - / E = MLP or MoE (no state, no KV)."""
+    if "layers_block_type" in cfg:
+        blocks = cfg["layers_block_type"]
+        bad = [w for w in blocks if w not in _BLOCK_LETTERS] if isinstance(blocks, list) else [
+            blocks]
+        if bad:
+            raise ValueError(f"layers_block_type holds {bad[0]!r}; SGLang takes "
+                             f"{', '.join(_BLOCK_LETTERS)}")
+        return "".join(_BLOCK_LETTERS[w] for w in blocks)
+    pattern = str(cfg["hybrid_override_pattern"])
+    if set(pattern) - set(_BLOCK_LETTERS.values()):
+        raise ValueError(f"hybrid_override_pattern {pattern!r} holds letters other than "
+                         "M, *, - and E")
+    return pattern
+
+
+def hidden_layers(cfg: dict[str, Any], arch: str) -> int:
+    """The decoder's layer count as SGLang's config class gives it."""
+    if arch in NEMOTRON_H_ARCHS:
+        return len(nemotron_pattern(cfg))
+    return int(cfg["num_hidden_layers"])
+
+
 def _nemotron_h(cfg: dict[str, Any]) -> StateLayers:
-    """M = mamba, * = attention, - / E = MLP or MoE (no state, no KV); Nemotron 3 lists the
-    same as `layers_block_type` words. SGLang's own spellings (mamba_n_groups, mamba_d_conv)
-    are read too."""
-    if "hybrid_override_pattern" in cfg:
-        pattern = str(cfg["hybrid_override_pattern"])
-    else:
-        words = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
-        pattern = "".join(words[str(w)] for w in cfg["layers_block_type"])
+    """NemotronH's Mamba2 layers and attention layers by its pattern. Its group and conv
+    spellings: `n_groups` and `conv_kernel` as the HF configs write them (the config class
+    keeps them as given), SGLang's own `mamba_n_groups`/`mamba_d_conv` otherwise."""
+    pattern = nemotron_pattern(cfg)
     shape = MambaShape(num_heads=int(cfg["mamba_num_heads"]),
                        head_dim=int(cfg["mamba_head_dim"]),
                        state_size=int(cfg["ssm_state_size"]),
@@ -127,7 +155,7 @@ def _kimi_linear(cfg: dict[str, Any]) -> StateLayers:
 
 
 READERS: dict[str, Callable[[dict[str, Any]], StateLayers]] = {
-    "NemotronHForCausalLM": _nemotron_h, "NemotronHPuzzleForCausalLM": _nemotron_h,
+    **dict.fromkeys(NEMOTRON_H_ARCHS, _nemotron_h),
     "FalconH1ForCausalLM": _falcon_h1, "GraniteMoeHybridForCausalLM": _granite_hybrid,
     "Lfm2ForCausalLM": _lfm2, "Lfm2MoeForCausalLM": _lfm2,
     "KimiLinearForCausalLM": _kimi_linear,
@@ -167,7 +195,7 @@ def profile_from_hf_config(path: Path, weights_gib: float | None = None) -> Mode
         )
     arch = str((raw.get("architectures") or ["unknown"])[0])
     try:
-        layers = int(cfg["num_hidden_layers"])
+        layers = hidden_layers(cfg, arch)
         head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
         kv_heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
         state = _state_layers(arch, cfg, path)
@@ -175,6 +203,8 @@ def profile_from_hf_config(path: Path, weights_gib: float | None = None) -> Mode
         moe = moe_shape(cfg, arch)
     except (KeyError, TypeError) as exc:
         raise ValueError(f"model: {path} lacks or mangles field {exc}; is it a HF config?") from exc
+    except ValueError as exc:
+        raise ValueError(f"model: {path}: {exc}") from exc
     return ModelProfile(
         name=str(raw.get("_name_or_path") or path.parent.name),
         architecture=arch,
@@ -215,12 +245,10 @@ def moe_shape(cfg: dict[str, Any], arch: str) -> MoeShape | None:
         return None
     hidden = int(cfg["hidden_size"])
     inter = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
-    layers = int(cfg["num_hidden_layers"])
+    layers = hidden_layers(cfg, arch)
     matrices = 3
-    if arch in ("NemotronHForCausalLM", "NemotronHPuzzleForCausalLM"):
-        pattern = str(cfg.get("hybrid_override_pattern") or "".join(
-            "E" if w == "moe" else "-" for w in cfg.get("layers_block_type", [])))
-        moe_layers, matrices = pattern.count("E"), 2
+    if arch in NEMOTRON_H_ARCHS:
+        moe_layers, matrices = nemotron_pattern(cfg).count("E"), 2
         shared = int(cfg.get("moe_shared_expert_intermediate_size") or 0)
     else:
         moe_layers = (layers - int(cfg.get("first_k_dense_replace") or 0)

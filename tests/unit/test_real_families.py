@@ -135,12 +135,14 @@ def test_each_family_reads_its_own_state_layers() -> None:
 
 def test_nemotron_3_block_lists_and_sglang_spellings_plan_like_the_pattern(
         tmp_path: Path) -> None:
-    """Nemotron 3 lists its layers as words; SGLang's config calls n_groups and conv_kernel
-    mamba_n_groups and mamba_d_conv. Both read to the plan of the pattern form."""
+    """Nemotron 3 lists its layers as words, and need not say how many: NemotronHConfig
+    takes the count from the list (`num_hidden_layers` is a property of it in
+    srt/configs/nemotron_h.py); SGLang's config calls n_groups and conv_kernel mamba_n_groups
+    and mamba_d_conv. All read to the plan of the pattern form."""
     cfg = json.loads((MODELS / "nemotron-3-nano-4b" / "config.json").read_text())
     words = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
     listed = {k: v for k, v in cfg.items() if k not in ("hybrid_override_pattern", "n_groups",
-                                                       "conv_kernel")}
+                                                       "conv_kernel", "num_hidden_layers")}
     listed |= {"layers_block_type": [words[c] for c in cfg["hybrid_override_pattern"]],
                "mamba_n_groups": cfg["n_groups"], "mamba_d_conv": cfg["conv_kernel"]}
     (tmp_path / "config.json").write_text(json.dumps(listed))
@@ -150,6 +152,24 @@ def test_nemotron_3_block_lists_and_sglang_spellings_plan_like_the_pattern(
     got = plan_memory(model_profile(str(tmp_path), 7.47), H200, flags, V0517)
     assert (got.mamba_slots, got.max_running_requests, got.max_total_num_tokens) == (
         want.mamba_slots, want.max_running_requests, want.max_total_num_tokens)
+
+
+def test_nemotron_h_layer_list_wins_over_the_pattern_and_the_stated_count(
+        tmp_path: Path) -> None:
+    """With both forms, NemotronHConfig keeps `layers_block_type` and ignores a
+    `num_hidden_layers` that disagrees (it logs a warning); a word it does not take is refused
+    naming the field."""
+    cfg = json.loads((MODELS / "nemotron-3-nano-4b" / "config.json").read_text())
+    pattern = cfg["hybrid_override_pattern"]
+    words = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+    both = cfg | {"layers_block_type": [words[c] for c in pattern[:8]],
+                  "hybrid_override_pattern": pattern, "num_hidden_layers": 99}
+    (tmp_path / "config.json").write_text(json.dumps(both))
+    profile = model_profile(str(tmp_path), 7.47)
+    assert profile.num_layers == 8 and profile.num_linear_layers == pattern[:8].count("M")
+    (tmp_path / "config.json").write_text(json.dumps(cfg | {"layers_block_type": ["ssm"]}))
+    with pytest.raises(ValueError, match=r"layers_block_type holds 'ssm'"):
+        model_profile(str(tmp_path), 7.47)
 
 
 def test_a_hybrid_the_planner_cannot_read_is_refused_never_planned_dense(

@@ -17,18 +17,17 @@ from tasks.run_ends import OutputUnwritable, free_space_note, writing_output
 
 
 def test_a_full_disk_becomes_output_unwritable_naming_what_and_where(tmp_path: Path) -> None:
-    with pytest.raises(OutputUnwritable, match=r"^writing shard 4 to .*: \[Errno 28\] No space"):
-        with writing_output("shard 4", tmp_path):
-            raise OSError(errno.ENOSPC, "No space left on device")
-    with pytest.raises(OutputUnwritable, match="Read-only file system"):
-        with writing_output("the shard plan", tmp_path):
-            raise OSError(errno.EROFS, "Read-only file system")
+    with (pytest.raises(OutputUnwritable, match=r"^writing shard 4 to .*: \[Errno 28\] No spa"),
+          writing_output("shard 4", tmp_path)):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    with (pytest.raises(OutputUnwritable, match="Read-only file system"),
+          writing_output("the shard plan", tmp_path)):
+        raise OSError(errno.EROFS, "Read-only file system")
 
 
 def test_other_os_errors_stay_what_they_are(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError):
-        with writing_output("shard 1", tmp_path):
-            (tmp_path / "missing" / "x").read_text()
+    with pytest.raises(FileNotFoundError), writing_output("shard 1", tmp_path):
+        (tmp_path / "missing" / "x").read_text()
 
 
 def test_free_space_is_said_of_the_nearest_folder_that_exists(tmp_path: Path) -> None:
@@ -101,5 +100,5 @@ def test_fail_restart_refuses_only_restarts() -> None:
 def test_a_fault_the_simulator_would_not_inject_is_refused_in_the_settings(
         faults: dict[str, object], says: str) -> None:
     assert says in (fault_problem(faults) or "")
-    with pytest.raises(ValueError, match="sim.faults"):
+    with pytest.raises(ValueError, match=r"sim\.faults"):
         load_settings(None, **{"sim.faults": faults})

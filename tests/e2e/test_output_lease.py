@@ -1,0 +1,89 @@
+"""Two runs on one output folder (infra/lease.py): the second refuses in one line naming
+the first, which finishes unharmed with every id exactly once; once the owner is SIGKILLed,
+the next run takes the folder over and finishes the job exactly once. (tests/e2e/test_chaos.py
+takes the folder over after six SIGKILLs in a row.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from infra.manifest import Manifest
+from tests.conftest import free_port_block
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPANSION = str(ROOT / ".venv" / "bin" / "expansion")
+ROWS = 1200
+
+
+def args(src: Path, out: Path, time_scale: float = 4.0) -> list[str]:
+    return [EXPANSION, "run", "--prompts", str(src), "--output", str(out), "--gpus", "0,1",
+            "--shard-size", "100", "--max-new-tokens", "32", "--time-scale", str(time_scale),
+            "--set", "sim.startup_s=0.2", "--set", f"base_port={free_port_block(2)}",
+            "--set", "stop_grace_s=3"]
+
+
+def wait_for_commits(out: Path, proc: subprocess.Popen[str], shards: int) -> None:
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            if len(Manifest(out).committed()) >= shards:
+                return
+        except (OSError, ValueError):
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, "no shard committed"
+        time.sleep(0.1)
+
+
+def every_id_once(out: Path) -> list[str]:
+    ids: list[str] = []
+    for line in (out / "manifest.jsonl").read_text().splitlines():
+        ids += pl.read_parquet(out / json.loads(line)["path"])["id"].to_list()
+    return sorted(ids)
+
+
+@pytest.mark.slow
+def test_a_second_run_on_a_live_runs_output_refuses_naming_it(
+        tmp_path: Path, prefect_env: dict[str, str]) -> None:
+    src, out = tmp_path / "p.jsonl", tmp_path / "out"
+    src.write_text("".join(json.dumps({"id": f"i{i:04d}", "prompt": f"lease {i}"}) + "\n"
+                           for i in range(ROWS)))
+    env = {**os.environ, **prefect_env}
+    first = subprocess.Popen(args(src, out), env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_for_commits(out, first, 1)
+    second = subprocess.run(args(src, out), env=env, cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)
+    assert second.returncode == 2, second.stderr[-3000:]  # refused before anything starts
+    said = second.stderr.strip().splitlines()
+    assert len(said) == 1 and said[0].startswith(f"error: output: {out} is in use by a live "
+                                                 "run (flow run '"), said
+    assert f"pid {first.pid} on " in said[0] and said[0].endswith(
+        "or pass --force-takeover if you know that run is dead"), said
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err[-3000:]  # unharmed: its servers were never touched
+    assert every_id_once(out) == sorted(f"i{i:04d}" for i in range(ROWS))
+    assert not (out / "lease.json").exists()  # released at its end
+
+    killed = subprocess.Popen(args(src, tmp_path / "out2"), env=env, cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    wait_for_commits(tmp_path / "out2", killed, 2)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+    assert (tmp_path / "out2" / "lease.json").exists()  # left behind by the dead owner
+    status = subprocess.run([EXPANSION, "status", str(tmp_path / "out2")], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert f"pid {killed.pid} on " in status.stdout and "gone (its lease is stale" in (
+        status.stdout), status.stdout
+    again = subprocess.run(args(src, tmp_path / "out2", time_scale=100), env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert every_id_once(tmp_path / "out2") == sorted(f"i{i:04d}" for i in range(ROWS))
