@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port_block
-from tests.session import migrated_home
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPANSION = str(ROOT / ".venv" / "bin" / "expansion")
@@ -29,11 +28,11 @@ def run_once(args: list[str], env: dict[str, str]) -> tuple[subprocess.Completed
     return done, time.monotonic() - started
 
 
-def job(tmp_path: Path, prompt: str, rows: int) -> tuple[dict[str, str], Path, Path]:
-    """The environment of a CLI run on a Prefect home of its own, its prompts, its output."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
-    migrated_home(tmp_path / "prefect-home")
+def job(tmp_path: Path, prompt: str, rows: int,
+        prefect_env: dict[str, str]) -> tuple[dict[str, str], Path, Path]:
+    """The environment of a CLI run on the test run's Prefect server, its prompts, its
+    output."""
+    env = {**os.environ, **prefect_env}
     src = tmp_path / "p.jsonl"
     src.write_text("".join(json.dumps({"id": f"i{i}", "prompt": prompt.format(i)}) + "\n"
                            for i in range(rows)))
@@ -47,8 +46,9 @@ def error_block(output: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_fleet_whose_every_batch_dies_stops_with_sglangs_words(tmp_path: Path) -> None:
-    env, src, out = job(tmp_path, "note {}: POISON", 200)
+def test_a_fleet_whose_every_batch_dies_stops_with_sglangs_words(
+        tmp_path: Path, prefect_env: dict[str, str]) -> None:
+    env, src, out = job(tmp_path, "note {}: POISON", 200, prefect_env)
     args = [EXPANSION, "run", "--prompts", str(src), "--output", str(out), "--gpus", "0,1",
             "--set", f"base_port={free_port_block(2)}", "--set", "sim.startup_s=0.2",
             "--set", 'sim.faults={"crash_on_text": "POISON"}']
@@ -81,8 +81,9 @@ def relaunch_log_times(out: Path) -> dict[str, int]:
 
 
 @pytest.mark.slow
-def test_a_server_that_fails_to_start_ends_with_the_same_block(tmp_path: Path) -> None:
-    env, src, out = job(tmp_path, "note {}", 50)
+def test_a_server_that_fails_to_start_ends_with_the_same_block(
+        tmp_path: Path, prefect_env: dict[str, str]) -> None:
+    env, src, out = job(tmp_path, "note {}", 50, prefect_env)
     done, _ = run_once([EXPANSION, "run", "--prompts", str(src), "--output", str(out),
                         "--gpus", "0", "--set", f"base_port={free_port_block(1)}",
                         "--set", "server.mem_fraction_static=0.05"], env)
@@ -95,11 +96,12 @@ def test_a_server_that_fails_to_start_ends_with_the_same_block(tmp_path: Path) -
 
 
 @pytest.mark.slow
-def test_a_fleet_that_goes_down_mid_run_ends_with_the_same_block(tmp_path: Path) -> None:
+def test_a_fleet_that_goes_down_mid_run_ends_with_the_same_block(
+        tmp_path: Path, prefect_env: dict[str, str]) -> None:
     """Every server dies after 10 answers, relaunched ones too: the fleet served, so it is
     down, not unable to serve — the block says so, quotes the crash and keeps what was
     committed."""
-    env, src, out = job(tmp_path, "note {}", 600)
+    env, src, out = job(tmp_path, "note {}", 600, prefect_env)
     done, _ = run_once([EXPANSION, "run", "--prompts", str(src), "--output", str(out),
                         "--gpus", "0,1", "--set", f"base_port={free_port_block(2)}",
                         "--set", "sim.startup_s=0.2", "--set", "shard_size=20",

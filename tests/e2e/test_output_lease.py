@@ -11,6 +11,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -20,7 +21,7 @@ from tests.conftest import free_port_block
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPANSION = str(ROOT / ".venv" / "bin" / "expansion")
-ROWS = 1200
+ROWS = 800
 
 
 def args(src: Path, out: Path, time_scale: float = 4.0) -> list[str]:
@@ -30,7 +31,7 @@ def args(src: Path, out: Path, time_scale: float = 4.0) -> list[str]:
             "--set", "stop_grace_s=3"]
 
 
-def wait_for_commits(out: Path, proc: subprocess.Popen[str], shards: int) -> None:
+def wait_for_commits(out: Path, proc: subprocess.Popen[Any], shards: int) -> None:
     deadline = time.monotonic() + 180
     while True:
         try:
