@@ -8,7 +8,6 @@ test_real_sglang_e2e.py) and to sweep configurations without waiting on wall clo
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 from infra.sglang.flags import ServerFlags
@@ -17,7 +16,7 @@ from infra.sglang.memory import plan_memory
 from infra.sglang.profiles import GpuProfile, ModelProfile
 from infra.sglang.roofline import build_roofline
 from infra.sglang.versions import SGLangVersion
-from infra.sim.scheduler import SchedulerOptions, SimScheduler
+from infra.sim.scheduler import SchedulerOptions, SimRequest, SimScheduler
 
 # Fast enough that a replay of thousands of requests takes a fraction of a second.
 REPLAY_TIME_SCALE = 1e7
@@ -31,21 +30,20 @@ class ReplayResult:
     seconds: float
 
 
-async def _replay(scheduler: SimScheduler, requests: int, in_flight: int, prompt_tokens: int,
-                  output_tokens: int) -> tuple[float, float, float]:
-    loop = asyncio.create_task(scheduler.run())
-    sem = asyncio.Semaphore(in_flight)
-    marks: dict[int, tuple[float, int]] = {}  # send index → (modeled clock, tokens done)
+def _replay(scheduler: SimScheduler, requests: int, in_flight: int, prompt_tokens: int,
+            output_tokens: int) -> tuple[float, float, float]:
+    """(modeled seconds in all, the busy window's seconds, its tokens): `in_flight` clients
+    send `requests` alike rows, each its next as soon as an answer comes."""
+    marks: list[tuple[float, int]] = []  # at each send: (modeled clock, tokens done)
 
-    async def one(i: int) -> None:
-        async with sem:
-            marks[i] = (scheduler._modeled_clock, scheduler.stats.generation_tokens_total)
-            await scheduler.submit(prompt_tokens, output_tokens)
+    def send(_req: SimRequest | None = None, _clock: float = 0.0) -> None:
+        if len(marks) < requests:
+            marks.append((scheduler._modeled_clock, scheduler.stats.generation_tokens_total))
+            scheduler.enqueue(prompt_tokens, output_tokens, on_done=send)
 
-    try:
-        await asyncio.gather(*(one(i) for i in range(requests)))
-    finally:
-        loop.cancel()
+    for _ in range(min(in_flight, requests)):
+        send()
+    scheduler.run_until_idle()
     (t0, n0), (t1, n1) = marks[min(in_flight, requests - 1)], marks[requests - 1]
     return scheduler._modeled_clock, t1 - t0, n1 - n0
 
@@ -69,9 +67,9 @@ def replay(hw: Hardware, flags: ServerFlags, requests: int, prompt_tokens: int,
     """The simulator's figures for this workload under these flags."""
     scheduler = replay_scheduler(hw.model, hw.gpu, flags, hw.version)
     plan = scheduler.plan
-    total_s, busy_s, busy_tokens = asyncio.run(_replay(
+    total_s, busy_s, busy_tokens = _replay(
         scheduler, requests, plan.max_running_requests + queue_target, prompt_tokens,
-        output_tokens))
+        output_tokens)
     tokens = requests * output_tokens
     return ReplayResult(cap=plan.max_running_requests, tok_s=tokens / total_s,
                         busy_tok_s=busy_tokens / busy_s if busy_s > 0 else 0.0,
@@ -95,27 +93,30 @@ class ClosedLoopResult:
         return self.committed_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-async def _closed_loop(scheduler: SimScheduler, reqs: list[tuple[int, int]], concurrency: int,
-                       max_s: float) -> tuple[list[tuple[float, int]], float]:
-    """(modeled answer time, output tokens) of each answer in time, and the last send."""
-    loop = asyncio.create_task(scheduler.run())
+def _closed_loop(scheduler: SimScheduler, reqs: list[tuple[int, int]], concurrency: int,
+                 max_s: float) -> tuple[list[tuple[float, int]], float]:
+    """(modeled answer time, output tokens) of each answer in time, and the last send:
+    `concurrency` clients, each sending its next row when its answer comes (none after
+    `max_s`)."""
     pending = list(reversed(reqs))
     answers: list[tuple[float, int]] = []
     last_send = 0.0
 
-    async def worker() -> None:
+    def send() -> None:
         nonlocal last_send
-        while pending and scheduler._modeled_clock < max_s:
-            prompt, out = pending.pop()
-            last_send = scheduler._modeled_clock
-            await scheduler.submit(prompt, out)
-            if scheduler._modeled_clock <= max_s:
-                answers.append((scheduler._modeled_clock, out))
+        prompt, out = pending.pop()
+        last_send = scheduler._modeled_clock
+        scheduler.enqueue(prompt, out, on_done=answered)
 
-    try:
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    finally:
-        loop.cancel()
+    def answered(req: SimRequest, clock: float) -> None:
+        if clock <= max_s:
+            answers.append((clock, req.target_tokens))
+        if pending and clock < max_s:
+            send()
+
+    for _ in range(min(concurrency, len(pending))):
+        send()
+    scheduler.run_until_idle()  # what was sent before max_s still finishes, as served
     return answers, last_send
 
 
@@ -152,7 +153,7 @@ def replay_requests_exact(model: ModelProfile, gpu: GpuProfile, flags: ServerFla
 def closed_loop(scheduler: SimScheduler, reqs: list[tuple[int, int]], concurrency: int,
                 max_s: float) -> ClosedLoopResult:
     plan = scheduler.plan
-    answers, last_send = asyncio.run(_closed_loop(scheduler, reqs, concurrency, max_s))
+    answers, last_send = _closed_loop(scheduler, reqs, concurrency, max_s)
     done_all = len(answers) == len(reqs)
     return ClosedLoopResult(cap=plan.max_running_requests,
                             max_total_num_tokens=plan.max_total_num_tokens,

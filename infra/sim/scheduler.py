@@ -9,11 +9,10 @@ decays to 0.098 over 600 decode steps; after one finds no room, none is tried un
 finishes. That admits more than the pool sustains when outputs run long, and decode then
 *retracts*: the requests with the fewest output tokens go to the back of the queue (to be
 prefilled again, output included) until the next step fits, and the ratio jumps to what the
-rest have written. Held to real runs on the H200: 10 retractions of 150 long rows (replay 11),
-138 in 35 s of 64 + 1,024-token rows at 96 clients (bench/real_sglang/data/, s6 and s9).
-Prompts reuse cached prefixes as the mamba strategy allows (infra/sim/prefix_cache.py).
-Each loop iteration advances all running requests by a chunk of decode steps, sleeping the
-modeled time divided by the time scale.
+rest have written. Held to real runs on the H200 (bench/real_sglang/data/). Prompts reuse
+cached prefixes as the mamba strategy allows (infra/sim/prefix_cache.py). Each turn advances
+the running requests by decode steps to the next event: served, it sleeps the modeled time /
+the time scale; replayed (`run_until_idle`), it runs on.
 """
 
 from __future__ import annotations
@@ -28,13 +27,12 @@ from infra.sglang.memory import MemoryPlan
 from infra.sglang.roofline import Roofline
 from infra.sim.metrics import INIT_NEW_TOKEN_RATIO, EngineStats, RequestLatencies
 from infra.sim.prefix_cache import PrefixCache
-from infra.sim.sim_request import SchedulerOptions, SimRequest, tracking_slots
+from infra.sim.sim_request import SchedulerOptions, SimRequest, Turn, tracking_slots
 
 __all__ = ["SchedulerOptions", "SimRequest", "SimScheduler", "tracking_slots"]
 DEFAULT_OPTIONS = SchedulerOptions()
 
-# The shortest wall-clock sleep per loop iteration: keeps the loop cheap at high time scales.
-MIN_WALL_CHUNK_S = 0.004
+MIN_WALL_CHUNK_S = 0.004  # the shortest sleep of a turn: cheap turns at high time scales
 GATHER_S = 0.002  # an idle scheduler's wait for the rest of a burst of requests
 # SGLang's defaults (environ.py, schedule_policy.py): SGLANG_INIT_NEW_TOKEN_RATIO,
 # ..._MIN_NEW_TOKEN_RATIO_FACTOR, ..._NEW_TOKEN_RATIO_DECAY_STEPS, ..._RETRACT_DECODE_STEPS,
@@ -79,22 +77,28 @@ class SimScheduler:
         self.speed = options.speed  # < 1: a degraded GPU, every step that slower
         self._recent_prefill: deque[tuple[int, int]] = deque(maxlen=32)  # (cached, prompt)
         self._last_cached = 0
+        self._idle_prefill_s = 0.0
 
     async def submit(self, prompt_tokens: int, target_tokens: int, max_new_tokens: int = 0,
                      data: bytes = b"") -> SimRequest:
-        loop = asyncio.get_running_loop()
-        req = SimRequest(prompt_tokens, target_tokens, loop.create_future(),
-                         arrived_at=self._modeled_clock, max_new_tokens=max_new_tokens,
-                         data=data)
+        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        req = SimRequest(prompt_tokens, target_tokens, future, arrived_at=self._modeled_clock,
+                         max_new_tokens=max_new_tokens, data=data)
         self.waiting.append(req)
         self.stats.queued = len(self.waiting)
         self._wake.set()
-        await req.future
+        await future
         return req
 
+    def enqueue(self, prompt_tokens: int, target_tokens: int,
+                on_done: Callable[[SimRequest, float], None]) -> None:
+        """A replay's request, queued now (no event loop): `on_done` when it finishes."""
+        self.waiting.append(SimRequest(prompt_tokens, target_tokens, None, on_done=on_done,
+                                       arrived_at=self._modeled_clock))
+
     def _kv_used(self) -> int:
-        """KV tokens the running requests hold (kept until the running set or its lengths
-        change: asked several times an event, it was half a long replay's time)."""
+        """KV tokens the running requests hold (kept, and updated where the set changes:
+        asked several times an event, it was half a long replay's time)."""
         if self._kv_memo is None:
             self._kv_memo = sum(r.prompt_tokens + int(r.generated) for r in self.running)
         return self._kv_memo
@@ -108,8 +112,8 @@ class SimScheduler:
         plan = self.plan
         if self._batch_full:
             return 0
-        room = plan.max_total_num_tokens - self._kv_used() - sum(
-            r.reserve() * self.stats.new_token_ratio for r in self.running)
+        room = plan.max_total_num_tokens - self._kv_used() - self.stats.new_token_ratio * sum(
+            r.reserve() for r in self.running)
         prefill = cached_sum = 0
         batch: list[SimRequest] = []
         chunk: list[SimRequest] = []  # one prefill batch: chunked_prefill_size tokens
@@ -121,7 +125,7 @@ class SimScheduler:
                 self._batch_full = True
                 break
             nxt = self.waiting[0]
-            if nxt.future.cancelled():
+            if nxt.abandoned():
                 self.waiting.popleft()
                 continue
             cached = (min(self.cache.match(nxt.data), nxt.prompt_tokens - 1)
@@ -139,7 +143,8 @@ class SimScheduler:
                 nxt.cached_tokens = cached
                 cached_sum += cached
             self.running.append(nxt)
-            self._kv_memo = None
+            if self._kv_memo is not None:
+                self._kv_memo += nxt.prompt_tokens + int(nxt.generated)
             batch.append(nxt)
             chunk.append(nxt)
             room -= need
@@ -159,6 +164,8 @@ class SimScheduler:
     def _cache_batch(self, chunk: list[SimRequest]) -> None:
         """Insert one prefill batch. The running prompts' prefixes are in the cache (locked);
         what else it keeps must fit in the pool's free part."""
+        if not self.cache.enabled:
+            return
         cache_room = self.plan.max_total_num_tokens - sum(int(r.generated) for r in self.running)
         for req in chunk:
             self.cache.insert(req.data, room=cache_room)
@@ -197,7 +204,7 @@ class SimScheduler:
             req.retractions += 1
             self.waiting.append(req)  # SGLang: the back of the queue (FCFS, no sort)
         self.running = keep
-        self._kv_memo = None
+        self._kv_memo = used
         self._batch_full = False
         self.stats.retracted_last = len(retracted)
         self.stats.retracted_total += len(retracted)
@@ -229,32 +236,52 @@ class SimScheduler:
                 # shared 2.7 % of their prompt tokens)
                 await asyncio.sleep(GATHER_S)
                 self._anchor = None  # idle time is not owed to anyone
-            prefill = self._admit()
-            if prefill:
-                self.stats.prefill_tokens_total += prefill
-                self._log_prefill(prefill)
-            modeled = self.roofline.prefill_s(prefill) / self.speed if prefill else 0.0
-            if not self.running:
-                await asyncio.sleep(max(modeled / self.time_scale, MIN_WALL_CHUNK_S))
+            turn = self._next_turn()
+            if turn is None:
+                await asyncio.sleep(max(self._idle_prefill_s / self.time_scale,
+                                        MIN_WALL_CHUNK_S))
                 self._anchor = None
                 continue
-            accept = self.roofline.accept_len
-            self._retract_if_full(accept)
-            n = len(self.running)
-            avg_ctx = self._kv_used() / n
-            step = self.roofline.decode_step_s(n, avg_ctx) / self.speed
-            to_finish = min(math.ceil((r.target_tokens - r.generated) / accept)
-                            for r in self.running)
-            min_steps = math.ceil(MIN_WALL_CHUNK_S * self.time_scale / step)
-            chunk = self._steps_that_fit(
-                max(1, min(to_finish, min_steps, self.max_chunk_steps or min_steps)), accept)
-            first_token = self._modeled_clock + modeled + step  # after the prefill, 1 step
-            modeled += self.roofline.decode_steps_s(n, avg_ctx, chunk, accept) / self.speed
-            await self._sleep_modeled(modeled)
+            await self._sleep_modeled(turn.modeled)
             before = len(self.running)
-            self._advance(chunk, accept, modeled, first_token)
+            self._advance(turn)
             if len(self.running) < before:
                 await self._let_clients_send()
+
+    def run_until_idle(self) -> None:
+        """The loop without a clock or event loop, for replays (clients send from `on_done`,
+        before the next admission, as they reach SGLang within its poll)."""
+        while self.running or self.waiting:
+            turn = self._next_turn()
+            if turn is not None:
+                self._advance(turn)
+            elif self.waiting:
+                raise RuntimeError("replay: the first waiting request does not fit an idle "
+                                   "server (its mamba slots exceed the pool)")
+
+    def _next_turn(self) -> Turn | None:
+        """Admit and prefill, retract if the next step does not fit, size the chunk of decode
+        steps to the next event; None when nothing runs (prefill time: `_idle_prefill_s`)."""
+        prefill = self._admit()
+        if prefill:
+            self.stats.prefill_tokens_total += prefill
+            self._log_prefill(prefill)
+        modeled = self.roofline.prefill_s(prefill) / self.speed if prefill else 0.0
+        if not self.running:
+            self._idle_prefill_s = modeled
+            return None
+        accept = self.roofline.accept_len
+        self._retract_if_full(accept)
+        n = len(self.running)
+        avg_ctx = self._kv_used() / n
+        step = self.roofline.decode_step_s(n, avg_ctx) / self.speed
+        to_finish = math.ceil(min(r.target_tokens - r.generated for r in self.running) / accept)
+        min_steps = math.ceil(MIN_WALL_CHUNK_S * self.time_scale / step)
+        chunk = self._steps_that_fit(
+            max(1, min(to_finish, min_steps, self.max_chunk_steps or min_steps)), accept)
+        first_token = self._modeled_clock + modeled + step  # after the prefill, 1 step
+        modeled += self.roofline.decode_steps_s(n, avg_ctx, chunk, accept) / self.speed
+        return Turn(chunk, accept, modeled, first_token)
 
     async def _let_clients_send(self) -> None:
         """Answered clients send their next rows before the next admission, as they reach
@@ -267,28 +294,33 @@ class SimScheduler:
             if quiet >= 2:
                 return
 
-    def _advance(self, chunk: int, accept: float, modeled: float, first_token: float) -> None:
+    def _advance(self, turn: Turn) -> None:
+        chunk, accept, modeled, first_token = turn
         produced = 0.0
         still: list[SimRequest] = []
+        done: list[SimRequest] = []
         self._modeled_clock += modeled
+        step = chunk * accept
+        kv_all = kv_still = 0  # the running set's KV, kept for _kv_used as it is summed here
         for req in self.running:
             before = req.generated
             if req.first_token_at is None:
                 req.first_token_at = first_token
-            req.generated = min(float(req.target_tokens), req.generated + chunk * accept)
-            self._kv_memo = None
+            req.generated = before + step
+            if req.generated >= req.target_tokens:
+                req.generated = float(req.target_tokens)
             produced += req.generated - before
+            kv_all += req.prompt_tokens + int(req.generated)
             if req.generated >= req.target_tokens:
                 self.stats.prompt_tokens_total += req.prompt_tokens
                 self.stats.generation_tokens_total += req.target_tokens
                 self.stats.requests_total += 1
                 self._record(req)
-                if not req.future.done():
-                    req.future.set_result(self._modeled_clock)
-            elif req.future.cancelled():
-                continue  # client went away: SGLang aborts the request and frees its slots
-            else:
+                done.append(req)
+            elif not req.abandoned():  # else SGLang aborts it and frees its slots
                 still.append(req)
+                kv_still += req.prompt_tokens + int(req.generated)
+        self._kv_memo = kv_all
         before_steps = self.stats.decode_steps
         self.stats.decode_steps += chunk
         self._window_tokens += produced
@@ -305,8 +337,10 @@ class SimScheduler:
         if len(still) < len(self.running):
             self._batch_full = False  # a request finished (or went away): try admitting again
         self.running = still
-        self._kv_memo = None
+        self._kv_memo = kv_still
         self._publish()
+        for req in done:  # after the books are closed: a replay's client sends from here
+            req.finish(self._modeled_clock)
 
     def _record(self, req: SimRequest) -> None:
         admitted = req.admitted_at if req.admitted_at is not None else req.arrived_at

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from infra.sim.prefix_cache import PrefixCache
 
@@ -15,9 +17,12 @@ CLIP_MAX_NEW_TOKENS = 4096  # SGLang's SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 
 @dataclass
 class SimRequest:
+    """One request. A served one has a `future` its HTTP handler awaits; a replayed one has
+    none, and its `on_done` sends the client's next row (infra/sim/replay.py)."""
+
     prompt_tokens: int
     target_tokens: int
-    future: asyncio.Future[float]
+    future: asyncio.Future[float] | None
     generated: float = 0.0
     arrival: float = field(default_factory=time.monotonic)
     arrived_at: float = 0.0  # modeled clock: queued, admitted, first token
@@ -27,6 +32,17 @@ class SimRequest:
     data: bytes = b""  # the prompt as tokens, for the prefix cache
     cached_tokens: int = 0
     retractions: int = 0
+    on_done: Callable[[SimRequest, float], None] | None = None
+
+    def abandoned(self) -> bool:
+        """The client went away (SGLang aborts the request and frees its slots)."""
+        return self.future is not None and self.future.cancelled()
+
+    def finish(self, clock: float) -> None:
+        if self.future is not None and not self.future.done():
+            self.future.set_result(clock)
+        if self.on_done is not None:
+            self.on_done(self, clock)
 
     def reserve(self) -> int:
         """Tokens SGLang expects this request may still write (before the ratio)."""
@@ -64,3 +80,13 @@ class SchedulerOptions:
     max_chunk_steps: int | None = None
     cache: PrefixCache | None = None
     speed: float = 1.0
+
+
+class Turn(NamedTuple):
+    """One turn of the scheduler's loop: `chunk` decode steps of `accept` tokens, `modeled`
+    seconds (prefill included), the admitted requests' first token at `first_token`."""
+
+    chunk: int
+    accept: float
+    modeled: float
+    first_token: float
