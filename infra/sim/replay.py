@@ -16,7 +16,7 @@ from infra.sglang.memory import plan_memory
 from infra.sglang.profiles import GpuProfile, ModelProfile
 from infra.sglang.roofline import build_roofline
 from infra.sglang.versions import SGLangVersion
-from infra.sim.scheduler import SchedulerOptions, SimRequest, SimScheduler
+from infra.sim.scheduler import SchedulerOptions, SimRequest, SimScheduler, no_log
 
 # Fast enough that a replay of thousands of requests takes a fraction of a second.
 REPLAY_TIME_SCALE = 1e7
@@ -57,7 +57,7 @@ def replay_scheduler(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
     plan = plan_memory(model, gpu, flags, version)
     prefix_state = version.locks_prefix_state and not flags.disable_radix_cache
     return SimScheduler(plan, build_roofline(model, gpu, flags, plan), REPLAY_TIME_SCALE,
-                        lambda _line: None,
+                        no_log,
                         SchedulerOptions(prefix_state=prefix_state,
                                          max_chunk_steps=1 if exact else None))
 

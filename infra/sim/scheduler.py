@@ -27,6 +27,7 @@ from infra.sglang.memory import MemoryPlan
 from infra.sglang.roofline import Roofline
 from infra.sim.metrics import INIT_NEW_TOKEN_RATIO, EngineStats, RequestLatencies
 from infra.sim.prefix_cache import PrefixCache
+from infra.sim.running_set import RunningSet
 from infra.sim.sim_request import SchedulerOptions, SimRequest, Turn, tracking_slots
 
 __all__ = ["SchedulerOptions", "SimRequest", "SimScheduler", "tracking_slots"]
@@ -42,6 +43,10 @@ RATIO_DECAY_PER_STEP = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
 RETRACT_DECODE_STEPS = 20
 
 
+def no_log(_line: str) -> None:
+    """The log of a replay: nothing is formatted for it."""
+
+
 class SimScheduler:
     """The scheduler loop. `submit` returns the finished request (its modeled times)."""
 
@@ -54,8 +59,8 @@ class SimScheduler:
         self.log = log
         self.decode_log_interval = options.decode_log_interval
         self.waiting: deque[SimRequest] = deque()
-        self.running: list[SimRequest] = []
-        self._kv_memo: int | None = None  # _kv_used, until the running set changes
+        self.running = RunningSet()
+        self._fresh: list[SimRequest] = []  # admitted, first token not yet written
         self.stats = EngineStats()
         self._wake = asyncio.Event()
         self._slots_per_request = tracking_slots(plan.mamba_strategy, plan.overlap_schedule,
@@ -75,7 +80,8 @@ class SimScheduler:
         self.max_chunk_steps = options.max_chunk_steps
         self.cache = options.cache or PrefixCache("none", 0, enabled=False)
         self.speed = options.speed  # < 1: a degraded GPU, every step that slower
-        self._recent_prefill: deque[tuple[int, int]] = deque(maxlen=32)  # (cached, prompt)
+        self._recent_prefill: deque[tuple[int, int]] = deque()  # (cached, prompt), last 32
+        self._recent_sums = [0, 0]  # their cached and prompt tokens
         self._last_cached = 0
         self._idle_prefill_s = 0.0
 
@@ -97,11 +103,8 @@ class SimScheduler:
                                        arrived_at=self._modeled_clock))
 
     def _kv_used(self) -> int:
-        """KV tokens the running requests hold (kept, and updated where the set changes:
-        asked several times an event, it was half a long replay's time)."""
-        if self._kv_memo is None:
-            self._kv_memo = sum(r.prompt_tokens + int(r.generated) for r in self.running)
-        return self._kv_memo
+        """KV tokens the running requests hold."""
+        return self.running.kv_used()
 
     def _admit(self) -> int:
         """Move waiting requests into the running batch; return tokens to prefill. SGLang
@@ -112,8 +115,8 @@ class SimScheduler:
         plan = self.plan
         if self._batch_full:
             return 0
-        room = plan.max_total_num_tokens - self._kv_used() - self.stats.new_token_ratio * sum(
-            r.reserve() for r in self.running)
+        room = (plan.max_total_num_tokens - self._kv_used()
+                - self.stats.new_token_ratio * self.running.reserve_total())
         prefill = cached_sum = 0
         batch: list[SimRequest] = []
         chunk: list[SimRequest] = []  # one prefill batch: chunked_prefill_size tokens
@@ -143,8 +146,8 @@ class SimScheduler:
                 nxt.cached_tokens = cached
                 cached_sum += cached
             self.running.append(nxt)
-            if self._kv_memo is not None:
-                self._kv_memo += nxt.prompt_tokens + int(nxt.generated)
+            if nxt.first_token_at is None:
+                self._fresh.append(nxt)
             batch.append(nxt)
             chunk.append(nxt)
             room -= need
@@ -166,15 +169,19 @@ class SimScheduler:
         what else it keeps must fit in the pool's free part."""
         if not self.cache.enabled:
             return
-        cache_room = self.plan.max_total_num_tokens - sum(int(r.generated) for r in self.running)
+        cache_room = self.plan.max_total_num_tokens - self.running.generated_total()
         for req in chunk:
             self.cache.insert(req.data, room=cache_room)
 
     def _count_prefill(self, cached: int, prompt: int) -> None:
         self.stats.cached_tokens_total += cached
         self._recent_prefill.append((cached, prompt))
-        total = sum(p for _, p in self._recent_prefill)
-        self.stats.cache_hit_rate = sum(c for c, _ in self._recent_prefill) / max(1, total)
+        sums = self._recent_sums
+        sums[0], sums[1] = sums[0] + cached, sums[1] + prompt
+        if len(self._recent_prefill) > 32:
+            old_cached, old_prompt = self._recent_prefill.popleft()
+            sums[0], sums[1] = sums[0] - old_cached, sums[1] - old_prompt
+        self.stats.cache_hit_rate = sums[0] / max(1, sums[1])
         self._last_cached = cached
 
     def _steps_that_fit(self, steps: int, accept: float) -> int:
@@ -203,8 +210,9 @@ class SimScheduler:
         for req in retracted:
             req.retractions += 1
             self.waiting.append(req)  # SGLang: the back of the queue (FCFS, no sort)
-        self.running = keep
-        self._kv_memo = used
+        self.running = RunningSet(keep)
+        kept = {id(r) for r in keep}
+        self._fresh = [r for r in self._fresh if id(r) in kept]
         self._batch_full = False
         self.stats.retracted_last = len(retracted)
         self.stats.retracted_total += len(retracted)
@@ -265,7 +273,8 @@ class SimScheduler:
         prefill = self._admit()
         if prefill:
             self.stats.prefill_tokens_total += prefill
-            self._log_prefill(prefill)
+            if self.log is not no_log:
+                self._log_prefill(prefill)
         modeled = self.roofline.prefill_s(prefill) / self.speed if prefill else 0.0
         if not self.running:
             self._idle_prefill_s = modeled
@@ -275,7 +284,7 @@ class SimScheduler:
         n = len(self.running)
         avg_ctx = self._kv_used() / n
         step = self.roofline.decode_step_s(n, avg_ctx) / self.speed
-        to_finish = math.ceil(min(r.target_tokens - r.generated for r in self.running) / accept)
+        to_finish = math.ceil(self.running.fewest_left() / accept)
         min_steps = math.ceil(MIN_WALL_CHUNK_S * self.time_scale / step)
         chunk = self._steps_that_fit(
             max(1, min(to_finish, min_steps, self.max_chunk_steps or min_steps)), accept)
@@ -296,31 +305,11 @@ class SimScheduler:
 
     def _advance(self, turn: Turn) -> None:
         chunk, accept, modeled, first_token = turn
-        produced = 0.0
-        still: list[SimRequest] = []
-        done: list[SimRequest] = []
         self._modeled_clock += modeled
-        step = chunk * accept
-        kv_all = kv_still = 0  # the running set's KV, kept for _kv_used as it is summed here
-        for req in self.running:
-            before = req.generated
-            if req.first_token_at is None:
-                req.first_token_at = first_token
-            req.generated = before + step
-            if req.generated >= req.target_tokens:
-                req.generated = float(req.target_tokens)
-            produced += req.generated - before
-            kv_all += req.prompt_tokens + int(req.generated)
-            if req.generated >= req.target_tokens:
-                self.stats.prompt_tokens_total += req.prompt_tokens
-                self.stats.generation_tokens_total += req.target_tokens
-                self.stats.requests_total += 1
-                self._record(req)
-                done.append(req)
-            elif not req.abandoned():  # else SGLang aborts it and frees its slots
-                still.append(req)
-                kv_still += req.prompt_tokens + int(req.generated)
-        self._kv_memo = kv_all
+        for req in self._fresh:
+            req.first_token_at = first_token
+        self._fresh = []
+        produced = self.running.advance(chunk * accept)
         before_steps = self.stats.decode_steps
         self.stats.decode_steps += chunk
         self._window_tokens += produced
@@ -334,10 +323,16 @@ class SimScheduler:
             self.stats.gen_throughput = self._window_tokens / max(self._window_time, 1e-9)
             self._log_decode()
             self._window_tokens = self._window_time = 0.0
-        if len(still) < len(self.running):
+        done = self.running.take_finished()
+        gone = self.running.abandoned()  # SGLang aborts these and frees their slots
+        self.running.drop(gone)
+        for req in done:
+            self.stats.prompt_tokens_total += req.prompt_tokens
+            self.stats.generation_tokens_total += req.target_tokens
+            self.stats.requests_total += 1
+            self._record(req)
+        if done or gone:
             self._batch_full = False  # a request finished (or went away): try admitting again
-        self.running = still
-        self._kv_memo = kv_still
         self._publish()
         for req in done:  # after the books are closed: a replay's client sends from here
             req.finish(self._modeled_clock)
@@ -390,7 +385,7 @@ class SimScheduler:
             f"input throughput (token/s): {throughput:.2f}")
 
     def _last_admitted(self) -> int:
-        return sum(1 for r in self.running if r.generated == 0)
+        return self.running.just_admitted()
 
     def _log_decode(self) -> None:
         spec = ""
