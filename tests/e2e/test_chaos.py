@@ -61,6 +61,8 @@ def life_until(out: str, src: Path, env: dict[str, str], s3: str,
     time.sleep(delay_s)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    # the dead owner's lease stays (infra/lease.py): the next life takes it over, its pid gone
+    assert (Path(out) / "lease.json").exists()
     return True
 
 

@@ -125,3 +125,22 @@ def test_a_half_written_lease_is_no_owner(tmp_path: Path) -> None:
     (tmp_path / lease.LEASE).write_text('{"host": "x", "pi')
     assert read_owner(tmp_path) is None
     assert acquire(tmp_path) is True
+
+
+def test_status_names_a_dead_owner_and_says_the_next_run_takes_over(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from expansion.cli import app
+
+    child = live_child()
+    gone = owner_of(child)
+    child.kill()
+    child.wait()
+    (tmp_path / "plan.json").write_text(json.dumps({
+        "input_path": "p.jsonl", "input_rows": 10, "ids_sha256": "x", "shard_size": 10,
+        "num_shards": 1}))
+    write_owner(tmp_path, gone)
+    shown = CliRunner().invoke(app, ["status", str(tmp_path)])
+    assert shown.exit_code == 0, shown.output
+    assert f"owner: flow run 'other-run', pid {child.pid} on " in shown.output
+    assert "gone (its lease is stale: the next run takes it over)" in shown.output
