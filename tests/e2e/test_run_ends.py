@@ -61,7 +61,8 @@ def test_a_disk_that_fills_mid_run_ends_in_one_block_and_resumes_once_freed(
     src, out, copy = prompts(tmp_path, 400, pad=50), tmp_path / "out", tmp_path / "copy"
     out.mkdir()
     run = (f"{EXPANSION} run --prompts {src} --output {out} --gpus 0 --set shard_size=20 "
-           f"--set sim.startup_s=0.2 --set base_port={free_port_block(1)}")
+           f"--set sim.startup_s=0.2 --set sim.time_scale=500 --set tuning.enabled=false "
+           f"--set base_port={free_port_block(1)}")
     script = tmp_path / "go.sh"
     script.write_text(f"mount -t tmpfs -o size=120k none {out}\n{run} 2>{tmp_path}/first.err"
                       f"\necho $? > {tmp_path}/first.rc\n"
@@ -120,10 +121,10 @@ def test_a_bucket_that_stops_answering_mid_run_ends_in_one_block_and_uploads_on_
     endpoint = f"http://127.0.0.1:{port}"
     env = {**os.environ, **prefect_env, "EXPANSION_STORAGE__ENDPOINT_URL": endpoint,
            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-    src, out = prompts(tmp_path, 600), tmp_path / "out"
+    src, out = prompts(tmp_path, 400), tmp_path / "out"
     args = [EXPANSION, "run", "--prompts", str(src), "--output", str(out), "--upload-to",
             "s3://run-ends/job", "--gpus", "0,1", "--set", "shard_size=25", "--set",
-            "sim.startup_s=0.2", "--set", "sim.time_scale=10", "--max-new-tokens", "64", "--set",
+            "sim.startup_s=0.2", "--set", "sim.time_scale=10", "--max-new-tokens", "32", "--set",
             f"base_port={free_port_block(2)}", "--set", "storage.upload_retry_delays_s=[0.5]"]
     server = moto(port)
     s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
@@ -143,16 +144,16 @@ def test_a_bucket_that_stops_answering_mid_run_ends_in_one_block_and_uploads_on_
         assert run.returncode == 1 and len(block) <= 12, err[-3000:]
         assert block[0].startswith("error: the bucket could not be reached: "), block
         assert "(after 2 tries)" in block[0], block
-        assert block[-2] == f"  safe: 24 shard(s) committed in {out}; 0 pending, nothing lost"
+        assert block[-2] == f"  safe: 16 shard(s) committed in {out}; 0 pending, nothing lost"
         assert block[-1].startswith("  advice: check storage.endpoint_url"), block
-        assert sorted(committed_ids(out)) == sorted(f"i{i}" for i in range(600))
+        assert sorted(committed_ids(out)) == sorted(f"i{i}" for i in range(400))
         server = moto(port)  # back, and empty: the resume uploads all of it
         s3.create_bucket(Bucket="run-ends")
         again = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True,
                                timeout=300)
         assert again.returncode == 0, again.stderr[-3000:]
-        assert sorted(e["shard"] for e in remote_shards(s3, "run-ends")) == list(range(24))
-        assert "prompts: 0 done this run (0 errors, 600 committed before)" in again.stdout, (
+        assert sorted(e["shard"] for e in remote_shards(s3, "run-ends")) == list(range(16))
+        assert "prompts: 0 done this run (0 errors, 400 committed before)" in again.stdout, (
             again.stdout[-2000:])
     finally:
         server.terminate()
