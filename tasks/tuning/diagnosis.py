@@ -213,7 +213,12 @@ def diagnose(windows: list[ServerWindow], caps: dict[str, int],
     if not at_cap and queued < 1:
         return Diagnosis("client-bound", f"{usage}: servers have free slots and nothing "
                          "queued — raise client concurrency", per_gpu, windows)
-    if at_cap and plan is not None and plan.binding_limit == "mamba" and (kv or 0) < 0.5:
+    # Requests turn over fast under a small cap, and in waves when answers are alike: the
+    # running count dips below the cap between admissions while the queue waits (real
+    # SGLang, tiny model, cap 32: 26.6 running with 2.6 queued). A queue beside a batch near
+    # the cap says the cap binds as surely as a full batch does.
+    pressed = at_cap or (queued >= 1 and running >= 0.75 * cap)
+    if pressed and plan is not None and plan.binding_limit == "mamba" and (kv or 0) < 0.5:
         low = ""
         if mamba is not None and mamba < 0.5:
             # SGLang counts live states; the cap reserves ρ slots per request (reference §2.5).
@@ -221,9 +226,6 @@ def diagnose(windows: list[ServerWindow], caps: dict[str, int],
                    "slots each request reserves")
         return Diagnosis("mamba-bound", f"{usage}: the cap comes from the mamba pool "
                          f"({plan.how()}) while KV sits mostly empty{low}", per_gpu, windows)
-    # Requests turn over fast under a small cap: the running count dips below it between
-    # admissions (real SGLang, tiny model, cap 32: 26.6 running with 2.6 queued).
-    pressed = at_cap or (queued >= 1 and running >= 0.75 * cap)
     if pressed and isinstance(pools, MemoryPlan) and pools.binding_limit == "requested":
         room = min(c for c in (pools.mamba_cap, pools.token_cap) if c is not None)
         if room > 1.2 * cap:

@@ -39,7 +39,7 @@ from tasks.tuning.policy import (
 from tasks.tuning.repair import asymmetry_handler, relaunch_handler
 from tasks.tuning.rollout import canary_handler
 from tasks.tuning.state import TunerState
-from tasks.tuning.watch import RegressionWatch, WatchResult, WatchTargets
+from tasks.tuning.watch import CheckLog, RegressionWatch, WatchResult, WatchTargets
 
 
 @dataclass(frozen=True)
@@ -161,6 +161,8 @@ class Tuner:
                          best.tok_s_per_gpu if best else None),
             self._may_move(work, len(caps)), self._proposer(), pace.gain_needed)
         watch.work_left_s = pace.work_left_s
+        # one line per changed verdict, else one per ten windows of wall clock
+        watch.on_check = CheckLog(state.logger.info, 10 * settings.tuning.window_s)
         if engine_for(settings).owns_servers:
             watch.on_proposal = canary_handler(state, fleet, epoch, watch)
             watch.on_asymmetric = asymmetry_handler(state, fleet, epoch, watch)

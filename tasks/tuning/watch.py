@@ -83,6 +83,8 @@ class RegressionWatch:
         # Servers the job does not own (engine=external): a reason is reported, never acted
         # on — the epoch is not stopped for a fleet restart nobody can carry out.
         self.advise_only = False
+        # verdict -> None, after every check (tasks/tuning/watch.CheckLog writes them out)
+        self.on_check: Callable[[str], None] | None = None
         # diagnosis -> wall seconds the fleet needs for the work left (a rollout's payback)
         self.work_left_s: Callable[[Diagnosis], float] | None = None
         self._slow_streak: dict[str, int] = {}  # checks in a row a server was the slow one
@@ -166,6 +168,8 @@ class RegressionWatch:
                 continue
             self._proposal = None
             reason = self._reason(diag)
+            if self.on_check is not None and self.result.last_check:
+                self.on_check(self.result.last_check)
             if (reason and self._proposal is not None and self.on_proposal is not None
                     and self.on_proposal(diag, self._proposal)):
                 # The cycle ran while the fleet generated; look again a window later.
@@ -236,3 +240,22 @@ class RegressionWatch:
         return ""
 
 
+class CheckLog:
+    """The watch's verdicts in the run's log: a check whose verdict starts differently from
+    the last one logged (another diagnosis, a candidate where there was none), and otherwise
+    one every `every_s` seconds — so an operator reading a 40-hour run sees why no restart
+    came, without a line a second."""
+
+    def __init__(self, log: Callable[[str], object], every_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._log, self._every_s, self._clock = log, every_s, clock
+        self._last_gist: tuple[str, bool] | None = None
+        self._last_at = -math.inf
+
+    def __call__(self, verdict: str) -> None:
+        gist = (verdict.split(" ", 1)[0], "best candidate:" in verdict)
+        now = self._clock()
+        if gist == self._last_gist and now - self._last_at < self._every_s:
+            return
+        self._last_gist, self._last_at = gist, now
+        self._log(f"check: {verdict}")

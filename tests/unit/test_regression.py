@@ -261,3 +261,38 @@ def test_a_cap_past_the_pinned_cuda_graphs_lifts_them() -> None:
 
     with pytest.raises(ValueError, match="--cuda-graph-max-bs takes a whole number, not 'x'"):
         ServerFlags(extra_args=("--cuda-graph-max-bs", "x"))
+
+
+def test_a_queue_beside_a_batch_near_its_mamba_cap_is_mamba_bound() -> None:
+    """Fixed-length answers finish in waves: real SGLang at the 35B-A3B default (cap 160)
+    averaged 137 running with 1.9 queued over a window. The cap binds there as surely as in
+    a full batch; read as compute-bound, the tuner never proposed a move."""
+    nb = plan_memory(FP8, RTX, ServerFlags(mamba_strategy="no_buffer"), V)
+    cap = nb.max_running_requests
+    d = diagnose([w(running=0.86 * cap, queued=1.9, mamba=0.4, kv=0.1)], {"s0": cap}, nb)
+    assert d.kind == "mamba-bound"
+    idle = diagnose([w(running=0.5 * cap, queued=1.9, mamba=0.4, kv=0.1)], {"s0": cap}, nb)
+    assert idle.kind != "mamba-bound"  # half the cap with a queue: not the pool
+
+
+def test_check_log_writes_changed_verdicts_and_one_a_period_otherwise() -> None:
+    from tasks.tuning.watch import CheckLog
+
+    lines: list[str] = []
+    now = [0.0]
+    log = CheckLog(lines.append, every_s=300, clock=lambda: now[0])
+    log("hold: compute-bound, no move pays back")
+    now[0] = 30
+    log("hold: compute-bound, no move pays back")  # same gist within the period: quiet
+    now[0] = 60
+    log("hold: mamba-bound, best candidate: no_buffer ×1.2 (needs 1.3)")  # a candidate now
+    now[0] = 90
+    log("propose: mamba-bound, best candidate: no_buffer ×1.4")  # another verdict
+    now[0] = 100
+    log("propose: mamba-bound, best candidate: no_buffer ×1.4")
+    now[0] = 400
+    log("propose: mamba-bound, best candidate: no_buffer ×1.4")  # the period has passed
+    assert lines == ["check: hold: compute-bound, no move pays back",
+                     "check: hold: mamba-bound, best candidate: no_buffer ×1.2 (needs 1.3)",
+                     "check: propose: mamba-bound, best candidate: no_buffer ×1.4",
+                     "check: propose: mamba-bound, best candidate: no_buffer ×1.4"]
