@@ -28,6 +28,8 @@
 #              carry [".real-sglang", ".whlx"] (after deps) the pipeline against
 #                                      `sglang.benchmark.serving` on the same server, prompts
 #                                      and concurrency (vs_bench.py): one JSON line
+#   tune ROWS [TIMEOUT_S] carry [".real-sglang", ".whlx"] (after deps) the tuner on the 35B-A3B
+#                                      from SGLang's defaults (job_35b_tune.toml); again to resume
 #   long PLAN [NAME] [BUDGET_S]
 #              carry [".real-sglang"]  the servers and closed-loop workloads of a plan
 #                                      (bench/real_sglang/plans/*.json, probe_long.py): long
@@ -112,6 +114,24 @@ files = sorted(glob.glob("/tmp/e2elong/shards/*.parquet"))
 df = pl.concat([pl.read_parquet(f) for f in files]) if files else pl.DataFrame()
 print(json.dumps({"rows": df.height, "unique_ids": df["id"].n_unique() if files else 0,
                   "columns": df.columns}))
+PY
+  ;;
+tune)
+  # the tuner from SGLang's defaults on the 35B-A3B shapes (job_35b_tune.toml); run it again
+  # with the same ROWS to resume the same output folder (kept in /tmp while the machine is warm)
+  need_deps
+  [ -f /tmp/p35.jsonl ] || PYTHONPATH=$D:$ROOT python3 bench/real_sglang/make_prompts.py \
+    --rows "${2:-14000}" --input-len 1024 --vocab 240000 --out /tmp/p35.jsonl
+  PYTHONPATH=$D:$ROOT timeout "${3:-550}" python3 -m expansion.cli run --config bench/real_sglang/job_35b_tune.toml \
+    --prompts /tmp/p35.jsonl --output /tmp/tune35 --set python=/tmp/sglpy 2>&1 | tee $OUT/tune35.log
+  tar -czf $OUT/tune35-output.tar.gz --exclude='*.parquet' -C /tmp tune35
+  PYTHONPATH=$D:$ROOT python3 - <<'PY' | tee $OUT/tune35-rows.json
+import glob, json
+import polars as pl
+files = sorted(glob.glob("/tmp/tune35/shards/*.parquet"))
+df = pl.concat([pl.read_parquet(f) for f in files]) if files else pl.DataFrame()
+print(json.dumps({"rows": df.height, "unique_ids": df["id"].n_unique() if files else 0,
+                  "by_config": df.group_by("config").len().to_dicts() if files else []}))
 PY
   ;;
 pools)

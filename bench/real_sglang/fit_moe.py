@@ -37,8 +37,12 @@ from infra.sglang.versions import parse_version
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "bench" / "real_sglang" / "data" / "2026-12-03-h200-s16"
+# servers run after the fit, never fitted on: a 35B configuration past the graphs, Kimi's
+# no_buffer, NemotronH's extra_buffer (device.sh long plans/moe_s18_*.json)
+HELD_OUT = ROOT / "bench" / "real_sglang" / "data" / "2026-12-04-h200-s18"
 MODELS = ROOT / "bench" / "real_sglang" / "models"
-WEIGHTS_GIB = {"qwen3.6-35b-a3b-text": 64.63, "kimi-linear-48b-a3b": 91.61}  # the logs' figures
+WEIGHTS_GIB = {"qwen3.6-35b-a3b-text": 64.63, "kimi-linear-48b-a3b": 91.61,  # the logs' figures
+               "nemotron-3-nano-4b": 7.47}
 LAUNCH_ONLY = {"--skip-tokenizer-init"}
 PROBE_FLAGS = ("--load-format", "dummy")  # calibrate.py's COMMON: every probe ran dummy weights
 H200 = gpu_profile("h200")
@@ -60,17 +64,17 @@ class Level:
 
 def server_flags(argv: list[str]) -> ServerFlags:
     """A probe's flags as the pipeline carries them (graph size, load format: extra_args)."""
-    return parse_server_flags([f for f in argv if f not in LAUNCH_ONLY] + list(PROBE_FLAGS))
+    return parse_server_flags([f for f in argv if f not in LAUNCH_ONLY] + list(PROBE_FLAGS), V0517)
 
 
-def records() -> list[dict[str, Any]]:
+def records(folder: Path = DATA) -> list[dict[str, Any]]:
     """Every server the probes ran (a server that died has no cap), with its part's prefix."""
     out = []
-    for path in sorted(DATA.glob("moe_*-results.json.gz")):
+    for path in sorted(folder.glob("moe*-results.json.gz")):
         part = path.name.split("-")[0]
         for rec in json.loads(gzip.decompress(path.read_bytes())):
             if "flags" in rec:
-                out.append({**rec, "log": DATA / f"{part}-{rec['name']}.log.gz"})
+                out.append({**rec, "log": folder / f"{part}-{rec['name']}.log.gz"})
     return out
 
 
@@ -85,6 +89,14 @@ def levels(rec: dict[str, Any]) -> list[Level]:
     return [Level(rec["name"], model, flags, n, statistics.median(s for s, _ in v),
                   statistics.median(c for _, c in v))
             for n, v in sorted(steps.items()) if len(v) >= MIN_LINES]
+
+
+def steady_wave_tok_s(run: dict[str, Any]) -> float:
+    """Committed tok/s of the answers sent after the first one came back: the first request
+    on a fresh server compiles kernels (Kimi's first prefill took 38 s of a 45-s run)."""
+    first = min(a["end"] for a in run["answers"])
+    later = [a for a in run["answers"] if a["start"] >= first]
+    return sum(a["completion_tokens"] for a in later) / (max(a["end"] for a in later) - first)
 
 
 def predicted_step(level: Level, cal: StepCalibration) -> float:

@@ -242,9 +242,10 @@ class RegressionWatch:
 
 class CheckLog:
     """The watch's verdicts in the run's log: a check whose verdict starts differently from
-    the last one logged (another diagnosis, a candidate where there was none), and otherwise
-    one every `every_s` seconds — so an operator reading a 40-hour run sees why no restart
-    came, without a line a second."""
+    the last one logged (another diagnosis, a candidate where there was none), at most one
+    such line per tenth of `every_s` (a batch near its cap flips between two readings from
+    one check to the next), and otherwise one every `every_s` seconds — so an operator reading
+    a 40-hour run sees why no restart came, without a line a second."""
 
     def __init__(self, log: Callable[[str], object], every_s: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -255,7 +256,8 @@ class CheckLog:
     def __call__(self, verdict: str) -> None:
         gist = (verdict.split(" ", 1)[0], "best candidate:" in verdict)
         now = self._clock()
-        if gist == self._last_gist and now - self._last_at < self._every_s:
+        quiet = now - self._last_at
+        if quiet < self._every_s and (gist == self._last_gist or quiet < self._every_s / 10):
             return
         self._last_gist, self._last_at = gist, now
         self._log(f"check: {verdict}")

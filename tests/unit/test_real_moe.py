@@ -17,7 +17,17 @@ from infra.sglang.profiles import model_profile
 from infra.sim.predict import Workload, committed_tok_s
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "real_sglang"))
-from fit_moe import H200, MODELS, V0517, WEIGHTS_GIB, levels, predicted_step, records, server_flags
+from fit_moe import (
+    H200,
+    MODELS,
+    V0517,
+    WEIGHTS_GIB,
+    levels,
+    predicted_step,
+    records,
+    server_flags,
+    steady_wave_tok_s,
+)
 
 from infra.sglang.roofline import calibration_for
 
@@ -34,14 +44,6 @@ def setup(name: str) -> tuple[Any, Any, dict[str, Any]]:
 def plan_of(name: str) -> Any:
     model, flags, _ = setup(name)
     return plan_memory(model, H200, flags, V0517)
-
-
-def steady_wave_tok_s(run: dict[str, Any]) -> float:
-    """Committed tok/s of the answers sent after the first one came back: the first request
-    on a fresh server compiles kernels (Kimi's first prefill took 38 s of a 45-s run)."""
-    first = min(a["end"] for a in run["answers"])
-    later = [a for a in run["answers"] if a["start"] >= first]
-    return sum(a["completion_tokens"] for a in later) / (max(a["end"] for a in later) - first)
 
 
 def wave(rec: dict[str, Any]) -> dict[str, Any]:

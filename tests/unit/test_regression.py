@@ -292,6 +292,8 @@ def test_check_log_writes_changed_verdicts_and_one_a_period_otherwise() -> None:
     log("propose: mamba-bound, best candidate: no_buffer ×1.4")
     now[0] = 400
     log("propose: mamba-bound, best candidate: no_buffer ×1.4")  # the period has passed
+    now[0] = 405
+    log("compute-bound at 5,802 tok/s per GPU")  # a flip 5 s after a line: quiet
     assert lines == ["check: hold: compute-bound, no move pays back",
                      "check: hold: mamba-bound, best candidate: no_buffer ×1.2 (needs 1.3)",
                      "check: propose: mamba-bound, best candidate: no_buffer ×1.4",
