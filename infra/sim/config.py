@@ -127,10 +127,14 @@ def merge_config_file(argv: list[str]) -> list[str]:
 
 
 def parse_sim_args(argv: list[str], env: dict[str, str] | None = None) -> SimConfig:
-    """Parse SGLang argv (unknown flags are ignored, as extras are SGLang's business)."""
+    """Parse SGLang argv. Flags beyond ServerFlags' fields ride in its extra_args, as the
+    pipeline's own plan carries them: those the model reads (`--cuda-graph-max-bs`,
+    `--load-format`, `--linear-attn-backend`) change what the server does, the rest are kept
+    as given — a server that dropped them would run batches past 256 eager where the plan
+    raised the graphs."""
     env = dict(os.environ) if env is None else env
-    ns, _unknown = _parser().parse_known_args(merge_config_file(argv))
-    flags = flags_from(ns)
+    ns, unknown = _parser().parse_known_args(merge_config_file(argv))
+    flags = flags_from(ns, extra_args=tuple(unknown))
     faults_raw = env.get("EXPANSION_SIM_FAULTS")
     faults = Faults(**json.loads(faults_raw)) if faults_raw else Faults()
     accept = env.get("EXPANSION_SIM_ACCEPT_LEN")

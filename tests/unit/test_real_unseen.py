@@ -130,13 +130,19 @@ def test_the_tuner_reads_the_default_as_mamba_bound_and_moves_to_the_sweeps_best
     assert resolved == {"312"}  # the sweep's best, q35_nb_bf16_g320, ran at cap 312 too
 
 
+def found(pattern: str, text: str) -> str:
+    match = re.search(pattern, text)
+    assert match is not None, pattern
+    return match[1]
+
+
 def test_the_move_measured_what_it_promised_and_was_kept() -> None:
     """Predicted 1.33× (5,238 tok/s); the moved server committed 5,422 against the default's
     4,084 (1.33×). The kept configuration is the real sweep's best (five 35B servers:
     default 4,088, extra_buffer 3,186, bf16 eager 2,944, x6 4,777, bf16 + graphs 4,809)."""
     log = gzip.decompress((TUNE / "tune35.log.gz").read_bytes()).decode()
-    predicted = float(re.search(r"predicted ([\d,]+) tok/s per GPU", log)[1].replace(",", ""))
-    gain = float(re.search(r"\(([\d.]+)× the model's figure", log)[1])
+    predicted = float(found(r"predicted ([\d,]+) tok/s per GPU", log).replace(",", ""))
+    gain = float(found(r"\(([\d.]+)× the model's figure", log))
     measured = epoch_two_rate() / ledger()[0]["tok_s_per_gpu"]
     assert measured == pytest.approx(gain, rel=0.10)
     assert epoch_two_rate() == pytest.approx(predicted, rel=0.10)

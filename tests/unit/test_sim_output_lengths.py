@@ -3,6 +3,8 @@ simulator (`sim.output_mean_tokens`, `sim.output_p99_tokens`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from infra.settings import load_settings
@@ -42,3 +44,35 @@ def test_the_setting_reaches_the_simulated_server() -> None:
 def test_half_a_distribution_is_refused(values: dict[str, int], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         load_settings(None, engine="sim", **values)
+
+
+def test_the_simulated_server_runs_the_flags_the_plan_read_from_extra_args() -> None:
+    """`--cuda-graph-max-bs` and `--load-format` are not ServerFlags fields: the plan reads them
+    from extra_args. A simulated server that dropped them ran the 35B-A3B's cap of 313 eager
+    (≈ 3,000 modeled tok/s where the plan said 5,153, real SGLang 5,422), and the simulated
+    tuner rolled back a real gain."""
+    from pathlib import Path
+
+    from infra.sglang.flag_parser import parse_server_flags
+    from infra.sglang.memory import plan_memory
+    from infra.sglang.profiles import gpu_profile, model_profile
+    from infra.sglang.roofline import build_roofline
+    from infra.sglang.versions import parse_version
+
+    q35 = str(Path(__file__).resolve().parents[2] / "bench" / "real_sglang" / "models"
+              / "qwen3.6-35b-a3b-text")
+    tail = ["--mamba-ssm-dtype", "bfloat16", "--load-format", "dummy",
+            "--sampling-backend", "pytorch", "--cuda-graph-max-bs", "313"]
+    cfg = parse_sim_args(["--model-path", q35, *tail], {})
+    assert cfg.flags.graph_max_bs == 313
+    assert cfg.flags.extra_args[:2] == ("--load-format", "dummy")
+    model, gpu, v = model_profile(q35, 64.63), gpu_profile("h200"), parse_version("0.5.17")
+    planned = parse_server_flags(tail, v)
+
+    def step(flags: Any) -> float:
+        plan = plan_memory(model, gpu, flags, v)
+        return build_roofline(model, gpu, flags, plan).decode_step_s(313, 1150)
+
+    assert step(cfg.flags) == pytest.approx(step(planned))
+    eager = parse_server_flags(tail[:-2], v)
+    assert step(eager) > 1.5 * step(cfg.flags)
