@@ -70,6 +70,17 @@ live_contract() {  # URL LOG TOKENIZED NAME
     PYTHONPATH=$D:$ROOT python3 -m pytest -q -p no:cacheprovider tests/contract/test_live.py \
     2>&1 | tee "$OUT/contract-live-$4.log"
 }
+rows_json() {  # FOLDER (in /tmp): its shards' rows, distinct ids, columns and rows per config
+  PYTHONPATH=$D:$ROOT python3 - "$1" <<'PY' | tee "$OUT/$1-rows.json"
+import glob, json, sys
+import polars as pl
+files = sorted(glob.glob(f"/tmp/{sys.argv[1]}/shards/*.parquet"))
+df = pl.concat([pl.read_parquet(f) for f in files]) if files else pl.DataFrame()
+print(json.dumps({"rows": df.height, "unique_ids": df["id"].n_unique() if files else 0,
+                  "columns": df.columns,
+                  "by_config": df.group_by("config").len().to_dicts() if files else []}))
+PY
+}
 SGL_COMMON=(--load-format dummy --attention-backend triton --sampling-backend pytorch
             --grammar-backend none --enable-metrics --host 127.0.0.1)
 case "${1:-}" in
@@ -107,14 +118,7 @@ e2elong)
   PYTHONPATH=$D:$ROOT timeout "${3:-565}" python3 -m expansion.cli run --config bench/real_sglang/job_27b_long.toml \
     --prompts /tmp/p27long.jsonl --output /tmp/e2elong --set python=/tmp/sglpy 2>&1 | tee $OUT/e2elong.log
   tar -czf $OUT/e2elong-output.tar.gz --exclude='*.parquet' -C /tmp e2elong
-  PYTHONPATH=$D:$ROOT python3 - <<'PY' | tee $OUT/e2elong-rows.json
-import glob, json
-import polars as pl
-files = sorted(glob.glob("/tmp/e2elong/shards/*.parquet"))
-df = pl.concat([pl.read_parquet(f) for f in files]) if files else pl.DataFrame()
-print(json.dumps({"rows": df.height, "unique_ids": df["id"].n_unique() if files else 0,
-                  "columns": df.columns}))
-PY
+  rows_json e2elong
   ;;
 tune)
   # the tuner from SGLang's defaults on the 35B-A3B shapes (job_35b_tune.toml); run it again
@@ -125,14 +129,7 @@ tune)
   PYTHONPATH=$D:$ROOT timeout "${3:-550}" python3 -m expansion.cli run --config bench/real_sglang/job_35b_tune.toml \
     --prompts /tmp/p35.jsonl --output /tmp/tune35 --set python=/tmp/sglpy 2>&1 | tee $OUT/tune35.log
   tar -czf $OUT/tune35-output.tar.gz --exclude='*.parquet' -C /tmp tune35
-  PYTHONPATH=$D:$ROOT python3 - <<'PY' | tee $OUT/tune35-rows.json
-import glob, json
-import polars as pl
-files = sorted(glob.glob("/tmp/tune35/shards/*.parquet"))
-df = pl.concat([pl.read_parquet(f) for f in files]) if files else pl.DataFrame()
-print(json.dumps({"rows": df.height, "unique_ids": df["id"].n_unique() if files else 0,
-                  "by_config": df.group_by("config").len().to_dicts() if files else []}))
-PY
+  rows_json tune35
   ;;
 pools)
   cp -r bench/real_sglang/models/. .real-sglang/models/
