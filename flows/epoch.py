@@ -59,7 +59,7 @@ def run_epoch(state: JobState, ctx: JobContext, tuner: Tuner, epoch: int) -> Epo
         try:
             took = wait_healthy(handles, settings)
         except ServerStartFailed as exc:
-            if epoch == 1:
+            if epoch == tuner.first_epoch and tuner.resumed is None:
                 raise  # nothing known to work: the user's config must be fixed
             return EpochOutcome(exc, None)
         ctx.logger.info("epoch %d: %d servers healthy after %.1f s", epoch, len(handles), took)

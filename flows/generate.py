@@ -243,7 +243,7 @@ def _final_upload(settings: JobSettings, out: Path, target: str, manifest_key: s
 def _run_epochs(state: JobState, ctx: JobContext, tuner: Tuner,
                 shards: list[int] | None) -> None:
     """Run fleet configurations until no shard is pending; the tuner chooses each one."""
-    epoch = 0
+    epoch = tuner.first_epoch - 1  # a resumed job's epochs follow the ones its ledger holds
     while state.pending:
         epoch += 1
         outcome = run_epoch(state, ctx, tuner, epoch)

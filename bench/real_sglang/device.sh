@@ -6,6 +6,7 @@
 #   warm       carry [".real-sglang"]  unpack SGLang into /tmp/real-sglang-rt, start the 27B
 #                                      once (kernel JIT and triton caches land in /tmp), run
 #                                      the live contract tests against it (input_ids)
+#   warm35     carry [".real-sglang"]  start the 35B-A3B once (JIT) so `tune` starts warm
 #   e2e ROWS   carry [".real-sglang"]  the restart cycle: job_27b_restart.toml, ROWS prompts
 #   e2elong ROWS carry [".real-sglang"] the long-output restart cycle: job_27b_long.toml, ROWS
 #                                      prompts with lognormal per-row max_new_tokens
@@ -101,6 +102,15 @@ warm)
   live_contract http://127.0.0.1:30000 /tmp/q27-warm.log 1 q27b
   python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:30000/server_info').read().decode())" > $OUT/q27b-ratio03.server_info.json
   stop_server $pid; cp /tmp/q27-warm.log $OUT/q27b-warm.server.log
+  ;;
+warm35)
+  # the 35B-A3B once at SGLang's defaults (its kernels JIT-compiled into /tmp): the tune step's
+  # first start is then a warm one, and the restart its payback rule charges is too
+  t0=$(date +%s)
+  setsid /tmp/sglpy -m sglang.launch_server --model-path bench/real_sglang/models/qwen3.6-35b-a3b-text \
+    "${SGL_COMMON[@]}" --skip-tokenizer-init --port 30000 > /tmp/q35-warm.log 2>&1 & pid=$!
+  wait_health http://127.0.0.1:30000 400; echo "35B healthy after $(( $(date +%s)-t0 )) s" | tee $OUT/warm35.txt
+  stop_server $pid; gzip -c /tmp/q35-warm.log > $OUT/q35-warm.server.log.gz
   ;;
 e2e)
   need_deps

@@ -1,7 +1,9 @@
 """The tuning ledger: every configuration a job tried, what it measured, how it ended.
 
 Append-only JSONL next to the output (`tuning.jsonl`), so a rerun never repeats a config
-that failed or was slower, and a rollback knows the best one so far.
+that failed or was slower, a rollback knows the best one so far, and the same command run
+again after an interruption resumes on the configuration the job had moved to (`resume_point`)
+instead of starting the tuning over from the user's flags.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import Literal
 from infra.files import read_jsonl
 from infra.sglang.flags import ServerFlags
 
-LedgerOutcome = Literal["measured", "failed", "rolled_back"]
+LedgerOutcome = Literal["measured", "failed", "rolled_back", "started"]
+"""`started`: the job moved its whole fleet to this configuration; no epoch of it has ended."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,38 @@ class TuningLedger:
 
     def flags_of(self, entry: LedgerEntry) -> ServerFlags:
         return ServerFlags.model_validate(entry.flags)
+
+    def key_of(self, entry: LedgerEntry) -> str:
+        return config_key(self.flags_of(entry), entry.concurrency)
+
+    def last_epoch(self) -> int:
+        return max((e.epoch for e in self.entries()), default=0)
+
+    def moves(self) -> int:
+        """Restarts the job has spent: whole-fleet moves and canary candidates."""
+        return sum(e.outcome == "started" or e.reason.startswith("canary ")
+                   for e in self.entries())
+
+    def resume_point(self, flags: ServerFlags, concurrency: int | None) -> LedgerEntry | None:
+        """The configuration to resume on, when this ledger's job began with `flags` and
+        `concurrency` (the same command run again) and later moved elsewhere: the last move,
+        unless it then failed or was rolled back, in which case the best measured one. None
+        when there is nothing to resume, or the job began with other flags (the user changed
+        them: theirs win)."""
+        entries = self.entries()
+        start = config_key(flags, concurrency)
+        if not entries or self.key_of(entries[0]) != start:
+            return None
+        moves = [i for i, e in enumerate(entries) if e.outcome == "started"]
+        if moves:
+            last = entries[moves[-1]]
+            undone = any(e.outcome in ("failed", "rolled_back")
+                         and self.key_of(e) == self.key_of(last)
+                         for e in entries[moves[-1] + 1:])
+            if not undone:
+                return last
+        best = self.best()
+        return best if best is not None and self.key_of(best) != start else None
 
     def best(self, other_than: str | None = None) -> LedgerEntry | None:
         """The fastest measured config (other than `other_than`, a config key: after a

@@ -11,11 +11,13 @@ the tuner's state.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from infra.settings import JobSettings
+from infra.sglang.flags import ServerFlags
 from infra.sglang.memory import MemoryPlan
 from tasks.capacity import Capacity
 from tasks.engines import engine_for
@@ -27,7 +29,7 @@ from tasks.tuning.advice import advice_handler
 from tasks.tuning.cycles import Cycle
 from tasks.tuning.decide import EpochReport, NextConfig, restart_on_regression
 from tasks.tuning.diagnosis import Diagnosis, generated_per_finished
-from tasks.tuning.ledger import TuningLedger, config_key
+from tasks.tuning.ledger import LedgerEntry, TuningLedger, config_key
 from tasks.tuning.policy import (
     Proposal,
     Search,
@@ -93,9 +95,17 @@ class Tuner:
     def __init__(self, settings: JobSettings, ledger: TuningLedger, monitor: FleetMonitor,
                  totals: RunTotals, logger: Any) -> None:
         engine = engine_for(settings)
+        self.resumed = (ledger.resume_point(settings.server, settings.client.concurrency_per_server)
+                        if settings.tuning.enabled else None)
+        self.first_epoch = ledger.last_epoch() + 1
+        if self.resumed is not None:
+            settings = _resume_on(settings, ledger, self.resumed, logger)
         self.state = TunerState(settings, ledger, monitor, totals, logger,
                                 engine.time_scale(settings),
                                 engine.hardware(settings, None))
+        self.state.restarts = ledger.moves()
+        if self.resumed is not None:
+            self.state.predicted_tok_s_per_gpu = self.resumed.predicted_tok_s_per_gpu
 
     @property
     def settings(self) -> JobSettings:
@@ -246,7 +256,26 @@ class Tuner:
             predicted_tok_s_per_gpu=decision.predicted_tok_s_per_gpu,
             triggered_at=result.triggered_at if result else None))
         state.logger.warning("restart %d: %s", state.restarts, decision.reason)
-        state.settings = settings.model_copy(update={
-            "server": decision.flags,
-            "client": settings.client.model_copy(
-                update={"concurrency_per_server": decision.concurrency})})
+        state.ledger.record(LedgerEntry(
+            report.epoch + 1, decision.flags.model_dump(mode="json"),
+            config_key(decision.flags, decision.concurrency), decision.concurrency, "started",
+            None, decision.predicted_tok_s_per_gpu, decision.reason[:500], time.time()))
+        state.settings = _with_config(settings, decision.flags, decision.concurrency)
+
+
+def _with_config(settings: JobSettings, flags: ServerFlags,
+                 concurrency: int | None) -> JobSettings:
+    return settings.model_copy(update={
+        "server": flags,
+        "client": settings.client.model_copy(update={"concurrency_per_server": concurrency})})
+
+
+def _resume_on(settings: JobSettings, ledger: TuningLedger, entry: LedgerEntry,
+               logger: Any) -> JobSettings:
+    """The job's settings on the configuration an interrupted run of it had moved to."""
+    figure = (f"measured {entry.tok_s_per_gpu:,.0f}" if entry.tok_s_per_gpu
+              else f"predicted {entry.predicted_tok_s_per_gpu or 0:,.0f}")
+    logger.info("resuming on the configuration this job moved to in epoch %d (%s tok/s per GPU;"
+                " tuning.jsonl): %s, concurrency %s — not the flags given, which it started from",
+                entry.epoch, figure, ledger.flags_of(entry).fingerprint(), entry.concurrency)
+    return _with_config(settings, ledger.flags_of(entry), entry.concurrency)

@@ -172,3 +172,37 @@ def test_a_slow_server_is_restarted_alone_and_the_rest_keep_generating(
     frame = Manifest(out).read_completions()
     late = frame.filter(frame["server"] == "server-2")
     assert late.height > 0
+
+
+def test_a_rerun_resumes_on_the_configuration_the_job_had_moved_to(prefect_api: None,
+                                                                   tmp_path: Path) -> None:
+    """A job interrupted after the tuner moved its fleet (the ledger's last line says
+    `started`), run again with the same command: it starts on the moved configuration, not
+    on the flags given (which would spend the restart again), numbers its epochs after the
+    ledger's, and ends with every row exactly once."""
+    from dataclasses import replace
+
+    from flows.generate import generate
+
+    out, src = tmp_path / "out", prompts(tmp_path / "p.jsonl", 400)
+    opts = {"base_port": free_port_block(1), "sim.startup_s": 0.2, "shard_size": 50,
+            "stop_grace_s": 5.0, "tuning.window_s": 2.0, "tuning.sample_interval_s": 0.5,
+            "model": "qwen3.6-27b-fp8", "sim.gpu": "rtx-pro-6000", "sim.time_scale": 40.0,
+            "server.mamba_strategy": "extra_buffer", "sampling.max_new_tokens": 128}
+    generate(prompts=str(src), output=str(out), gpus=[0], overrides=opts, shards=[0, 1])
+    ledger = TuningLedger(out / "tuning.jsonl")
+    (first,) = ledger.entries()  # the interrupted run measured the user's configuration
+    moved = {**first.flags, "mamba_strategy": "no_buffer"}
+    ledger.record(replace(first, epoch=2, flags=moved, outcome="started", tok_s_per_gpu=None,
+                          predicted_tok_s_per_gpu=1234.0, reason="a move, then interrupted",
+                          fingerprint=ledger.key_of(replace(first, flags=moved))))
+
+    summary = generate(prompts=str(src), output=str(out), gpus=[0], overrides=opts)
+    assert summary["final_server_flags"]["mamba_strategy"] == "no_buffer"
+    last = ledger.entries()[-1]
+    assert (last.epoch, last.outcome, last.flags["mamba_strategy"]) == (3, "measured",
+                                                                         "no_buffer")
+    assert last.predicted_tok_s_per_gpu == 1234.0  # the move's promise, next to what it did
+    assert (out / "servers" / "server-0-gpu0.epoch3.log").exists()
+    frame = Manifest(out).read_completions()
+    assert sorted(frame["id"].to_list()) == [f"t{i:05d}" for i in range(400)]

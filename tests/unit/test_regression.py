@@ -138,6 +138,31 @@ def test_rollback_returns_to_the_best_config(tmp_path: Path) -> None:
     assert nxt is not None and nxt.flags == EB
 
 
+def _line(ledger: TuningLedger, epoch: int, flags: ServerFlags, outcome: str,
+          tok_s: float | None) -> None:
+    ledger.record(LedgerEntry(epoch, flags.model_dump(mode="json"), config_key(flags, 32), 32,
+                              outcome, tok_s, None, "", 0.0))  # type: ignore[arg-type]
+
+
+def test_a_rerun_resumes_on_the_last_move_and_not_on_an_undone_one(tmp_path: Path) -> None:
+    ledger = TuningLedger(tmp_path / "tuning.jsonl")
+    assert ledger.resume_point(EB, 32) is None  # a fresh job
+    _line(ledger, 1, EB, "measured", 500.0)
+    assert ledger.resume_point(EB, 32) is None  # never moved: the user's flags
+    nb = EB.with_changes(mamba_strategy="no_buffer")
+    _line(ledger, 2, nb, "started", None)
+    point = ledger.resume_point(EB, 32)
+    assert point is not None and ledger.flags_of(point) == nb
+    assert ledger.resume_point(EB, 8) is None  # other flags given: the user's win
+    _line(ledger, 2, nb, "rolled_back", 400.0)  # the move measured slower and was undone
+    assert ledger.resume_point(EB, 32) is None  # back on the best: the user's own
+    bf = EB.with_changes(mamba_ssm_dtype="bfloat16")
+    _line(ledger, 3, bf, "measured", 700.0)  # a canary rolled out (no `started` line)
+    point = ledger.resume_point(EB, 32)
+    assert point is not None and ledger.flags_of(point) == bf
+    assert (ledger.last_epoch(), ledger.moves()) == (3, 1)
+
+
 def test_pools_from_caps_reads_a_live_server() -> None:
     view = pools_from_caps(31, 157, "extra_buffer")
     assert view is not None and view.binding_limit == "mamba" and view.slot_ratio == 5
