@@ -47,6 +47,10 @@ class StepCalibration:
     # Under --load-format dummy a random router sends a batch's tokens to few experts: the
     # share of them it spreads over, per architecture, as measured (1.0 where unmeasured)
     dummy_routed_spread: tuple[tuple[str, float], ...] = ()
+    # MLA decode attention (Kimi-Linear's full layers): its absorbed QK and PV products over
+    # the 576-wide latent of every context token reach this share of peak bf16 FLOPs; their
+    # bytes alone (the latent is small) miss most of what long contexts cost. 0: unmeasured
+    mla_attention_efficiency: float = 0.0
 
 
 # The seeds' fit (RTX PRO 6000, a pre-rename build): seed 000 extra_buffer with 31 running
@@ -150,6 +154,7 @@ class Roofline:
     routed_spread: float = 1.0  # share of the routed experts a batch's tokens spread over
     linear_layers: int = 0
     bf16_flops: float = 0.0  # the GPU's peak, before any efficiency
+    attention_flops_per_token: float = 0.0  # MLA: per context token of a request, one step
 
     def decode_step_s(self, running: int, avg_context_tokens: float) -> float:
         """Seconds of GPU time for one decode step of `running` requests."""
@@ -159,7 +164,8 @@ class Roofline:
         per_request = (cal.per_request_overhead_s
                        + self.linear_layers * cal.per_linear_layer_request_s)
         step = (traffic / self.bandwidth_bps + running * per_request
-                + cal.step_overhead_s + self._moe_s(running))
+                + cal.step_overhead_s + self._moe_s(running)
+                + self._attention_s(running * avg_context_tokens))
         if not self.overlap:
             step += cal.no_overlap_extra_s
         if not self.graphed(running):
@@ -180,6 +186,14 @@ class Roofline:
     def graphed(self, running: int) -> bool:
         """Whether a decode batch of this size replays a CUDA graph (else it runs eager)."""
         return self.graph_max_bs <= 0 or running <= self.graph_max_bs
+
+    def _attention_s(self, context_tokens: float) -> float:
+        """MLA attention's compute over the batch's context (0 where it is not MLA or the
+        GPU's share of peak for it was never measured)."""
+        eff = self.calibration.mla_attention_efficiency
+        if eff <= 0 or self.attention_flops_per_token <= 0:
+            return 0.0
+        return context_tokens * self.attention_flops_per_token / (self.bf16_flops * eff)
 
     def _moe_s(self, tokens: float) -> float:
         """The routed experts of one step: the weights of the experts its tokens touch, and
@@ -233,7 +247,17 @@ def build_roofline(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
         routed_spread=routed_spread(model, flags, cal),
         linear_layers=model.num_linear_layers,
         bf16_flops=gpu.bf16_tflops * 1e12,
+        attention_flops_per_token=mla_flops_per_token(model) / tp,
     )
+
+
+def mla_flops_per_token(model: ModelProfile) -> float:
+    """FLOPs of one context token in one decode step of MLA attention: every full layer's
+    query heads take a dot product with its latent (QK) and a weighted sum of it (PV) — two
+    multiply-adds per latent element (kv_lora_rank + rope dims, mla_kv_dim)."""
+    if model.mla_kv_dim <= 0:
+        return 0.0
+    return 4.0 * model.num_kv_heads * model.mla_kv_dim * model.num_full_layers
 
 
 def routed_spread(model: ModelProfile, flags: ServerFlags, cal: StepCalibration) -> float:
