@@ -188,7 +188,9 @@ def test_a_rerun_resumes_on_the_configuration_the_job_had_moved_to(prefect_api: 
     opts = {"base_port": free_port_block(1), "sim.startup_s": 0.2, "shard_size": 50,
             "stop_grace_s": 5.0, "tuning.window_s": 2.0, "tuning.sample_interval_s": 0.5,
             "model": "qwen3.6-27b-fp8", "sim.gpu": "rtx-pro-6000", "sim.time_scale": 40.0,
-            "server.mamba_strategy": "extra_buffer", "sampling.max_new_tokens": 128}
+            "server.mamba_strategy": "extra_buffer", "sampling.max_new_tokens": 128,
+            # the move on record spends the one restart allowed: the rerun may not move again
+            "tuning.max_restarts": 1}
     generate(prompts=str(src), output=str(out), gpus=[0], overrides=opts, shards=[0, 1])
     ledger = TuningLedger(out / "tuning.jsonl")
     (first,) = ledger.entries()  # the interrupted run measured the user's configuration
@@ -199,6 +201,7 @@ def test_a_rerun_resumes_on_the_configuration_the_job_had_moved_to(prefect_api: 
 
     summary = generate(prompts=str(src), output=str(out), gpus=[0], overrides=opts)
     assert summary["final_server_flags"]["mamba_strategy"] == "no_buffer"
+    assert summary["restarts"] == 0 and len(ledger.entries()) == 3
     last = ledger.entries()[-1]
     assert (last.epoch, last.outcome, last.flags["mamba_strategy"]) == (3, "measured",
                                                                          "no_buffer")
