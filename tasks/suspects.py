@@ -23,6 +23,9 @@ import httpx
 from tasks.dispatch_records import WorkItem
 
 KILLS_TO_QUARANTINE = 2
+# A suspect waits this many hand-ons for a server it has not killed (one server alone: ~2 s,
+# then it runs where it can), so a second death tells a bad row from a bad server
+PASSES_FOR_ANOTHER_SERVER = 40
 SETTLE_S = 0.5  # after a broken connection, before asking /health: a dying server's port
 HEALTH_TIMEOUT_S = 5.0
 
@@ -32,9 +35,21 @@ class SuspectLane:
 
     def __init__(self) -> None:
         self._on: dict[str, int] = {}
+        self._passed: dict[int, int] = {}
 
     def may_run(self, server: str, item: WorkItem) -> bool:
-        return not item.killed or self._on.get(server, 0) == 0
+        """Any prompt that killed nothing; a suspect where no other suspect runs, and on a
+        server it has not killed while another may take it."""
+        if not item.killed:
+            return True
+        if self._on.get(server, 0):
+            return False
+        if server in item.killed:
+            passed = self._passed.get(id(item), 0)
+            if passed < PASSES_FOR_ANOTHER_SERVER:
+                self._passed[id(item)] = passed + 1
+                return False
+        return True
 
     def started(self, server: str, item: WorkItem) -> bool:
         """Count it on `server` if it is a suspect; True when counted (hand that to ended:
