@@ -53,9 +53,6 @@ class TuningLedger:
     def flags_of(self, entry: LedgerEntry) -> ServerFlags:
         return ServerFlags.model_validate(entry.flags)
 
-    def key_of(self, entry: LedgerEntry) -> str:
-        return config_key(self.flags_of(entry), entry.concurrency)
-
     def last_epoch(self) -> int:
         return max((e.epoch for e in self.entries()), default=0)
 
@@ -72,18 +69,18 @@ class TuningLedger:
         them: theirs win)."""
         entries = self.entries()
         start = config_key(flags, concurrency)
-        if not entries or self.key_of(entries[0]) != start:
+        if not entries or entries[0].fingerprint != start:
             return None
         moves = [i for i, e in enumerate(entries) if e.outcome == "started"]
         if moves:
             last = entries[moves[-1]]
             undone = any(e.outcome in ("failed", "rolled_back")
-                         and self.key_of(e) == self.key_of(last)
+                         and e.fingerprint == last.fingerprint
                          for e in entries[moves[-1] + 1:])
             if not undone:
                 return last
         best = self.best()
-        return best if best is not None and self.key_of(best) != start else None
+        return best if best is not None and best.fingerprint != start else None
 
     def best(self, other_than: str | None = None) -> LedgerEntry | None:
         """The fastest measured config (other than `other_than`, a config key: after a

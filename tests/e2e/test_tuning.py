@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from infra.manifest import Manifest
-from tasks.tuning.ledger import TuningLedger
+from infra.sglang.flags import ServerFlags
+from tasks.tuning.ledger import TuningLedger, config_key
 from tests.conftest import free_port_block
 
 # One scenario at a time (one xdist worker runs them in turn): each runs a simulated fleet of
@@ -197,7 +198,8 @@ def test_a_rerun_resumes_on_the_configuration_the_job_had_moved_to(prefect_api: 
     moved = {**first.flags, "mamba_strategy": "no_buffer"}
     ledger.record(replace(first, epoch=2, flags=moved, outcome="started", tok_s_per_gpu=None,
                           predicted_tok_s_per_gpu=1234.0, reason="a move, then interrupted",
-                          fingerprint=ledger.key_of(replace(first, flags=moved))))
+                          fingerprint=config_key(ServerFlags.model_validate(moved),
+                                                 first.concurrency)))
 
     summary = generate(prompts=str(src), output=str(out), gpus=[0], overrides=opts)
     assert summary["final_server_flags"]["mamba_strategy"] == "no_buffer"

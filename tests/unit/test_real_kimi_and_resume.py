@@ -114,7 +114,7 @@ def test_the_same_command_again_resumes_on_the_move(tmp_path: Path) -> None:
     point = ledger().resume_point(settings.server, settings.client.concurrency_per_server)
     assert point is not None and point.outcome == "started"
     assert ledger().flags_of(point).mamba_ssm_dtype == "bfloat16" and point.concurrency is None
-    assert config_key(settings.server, None) == ledger().key_of(ledger().entries()[0])
+    assert config_key(settings.server, None) == ledger().entries()[0].fingerprint
     assert ledger().last_epoch() + 1 == 3 and ledger().moves() == 1
 
 
