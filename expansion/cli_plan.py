@@ -58,7 +58,9 @@ def plan(
     from infra.sglang.planner import alternatives
     from infra.sglang.profiles import gpu_profile, model_profile
     from infra.sglang.versions import parse_version
+    from infra.sim.replay_worker import WORKER
 
+    WORKER.in_process = True  # this process serves nothing a replay could stall
     try:
         version = parse_version(sglang_version)
         flags = parse_server_flags(list(ctx.args), version)

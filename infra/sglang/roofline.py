@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from infra.sglang.flags import ServerFlags
@@ -155,33 +155,53 @@ class Roofline:
     linear_layers: int = 0
     bf16_flops: float = 0.0  # the GPU's peak, before any efficiency
     attention_flops_per_token: float = 0.0  # MLA: per context token of a request, one step
+    # (seconds, seconds per context token) of a step, by batch size: a replay asks for the
+    # same few hundred batch sizes ~10⁴ times
+    _terms: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False,
+                                                   compare=False)
 
     def decode_step_s(self, running: int, avg_context_tokens: float) -> float:
-        """Seconds of GPU time for one decode step of `running` requests."""
-        traffic = self.weights_bytes + running * (
-            self.state_bytes_per_request + avg_context_tokens * self.kv_bytes_per_token)
+        """Seconds of GPU time for one decode step of `running` requests: a part the batch
+        size sets, and one linear in the mean context."""
+        fixed, per_context = self._step_terms(running)
+        return fixed + per_context * avg_context_tokens
+
+    def _step_terms(self, running: int) -> tuple[float, float]:
+        terms = self._terms.get(running)
+        if terms is None:
+            terms = self._terms[running] = (self._fixed_step_s(running) * self.spec_factor,
+                                            self._context_step_s(running) * self.spec_factor)
+        return terms
+
+    def _fixed_step_s(self, running: int) -> float:
+        """Weights, states, per-request work, experts, overheads: all but the context."""
         cal = self.calibration
         per_request = (cal.per_request_overhead_s
                        + self.linear_layers * cal.per_linear_layer_request_s)
-        step = (traffic / self.bandwidth_bps + running * per_request
-                + cal.step_overhead_s + self._moe_s(running)
-                + self._attention_s(running * avg_context_tokens))
+        step = ((self.weights_bytes + running * self.state_bytes_per_request)
+                / self.bandwidth_bps + running * per_request + cal.step_overhead_s
+                + self._moe_s(running))
         if not self.overlap:
             step += cal.no_overlap_extra_s
         if not self.graphed(running):
             step += self.num_layers * cal.eager_layer_s
-        return step * self.spec_factor
+        return step
+
+    def _context_step_s(self, running: int) -> float:
+        """Seconds per token of mean context: its KV read, and MLA's attention compute."""
+        return (running * self.kv_bytes_per_token / self.bandwidth_bps
+                + self._attention_s(float(running)))
 
     def decode_steps_s(self, running: int, avg_context_tokens: float, steps: int,
                        growth: float) -> float:
         """Seconds of `steps` decode steps of a constant batch whose mean context grows by
         `growth` tokens a step: the step time is linear in the context, so the sum is exact
         as the mean of the first and last step (what stepping them one by one adds up to)."""
-        if steps <= 1:
-            return self.decode_step_s(running, avg_context_tokens) * max(steps, 0)
-        last = avg_context_tokens + (steps - 1) * growth
-        return steps * (self.decode_step_s(running, avg_context_tokens)
-                        + self.decode_step_s(running, last)) / 2
+        if steps <= 0:
+            return 0.0
+        fixed, per_context = self._step_terms(running)
+        mean_context = avg_context_tokens + (steps - 1) * growth / 2
+        return steps * (fixed + per_context * mean_context)
 
     def graphed(self, running: int) -> bool:
         """Whether a decode batch of this size replays a CUDA graph (else it runs eager)."""

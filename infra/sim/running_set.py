@@ -1,139 +1,164 @@
-"""The scheduler's running batch: its requests in admission order, with their lengths as
-arrays.
+"""The scheduler's running batch, kept so that every question a turn asks costs O(log n).
 
 Every turn asks the batch for its KV tokens, what it is expected to still write, the fewest
-tokens any request has left, and advances every request by the same number of tokens. As
-Python loops over the requests those were O(batch) each, so a replay cost grew with the cap
-times the requests: at a cap of ~400 (a small hybrid on an H200) a plan took ten seconds. As
-vector operations a turn costs about the same at any cap. The arrays are the truth for the
-running requests' lengths; `SimRequest.generated` is written back (`sync`) when a request
-leaves the batch or the scheduler needs the objects themselves (retraction).
+tokens any request has left, and advances every request by the same number of tokens. Since
+all running requests advance together, one counter says how far: a member that joined at
+counter `G₀` having written `g₀` has written `G − (G₀ − g₀)` now (up to its target). So the
+batch keeps `G`, each member's start `G₀ − g₀`, and sums of those; a heap of finish points
+(start + target) gives the next completion, and a heap of clip points (start + limit − 4,096,
+where SGLang stops clipping a request's reservation) keeps the reservation's sum exact. A turn
+then costs the same at any cap and any number of requests: a plan replays ~10⁴ requests per
+alternative (infra/sim/predict.py), and per-request passes over the batch were most of it.
+
+Lengths are real numbers (MTP writes `accept_len` tokens a step on average); KV tokens held
+are the floor of the batch's total. `SimRequest.generated` is written back (`sync`) when a
+request leaves the batch or the scheduler needs the objects themselves (retraction).
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections.abc import Iterator
-
-import numpy as np
+from dataclasses import dataclass
 
 from infra.sim.sim_request import CLIP_MAX_NEW_TOKENS, SimRequest
 
-GEN, TARGET, PROMPT, LIMIT = range(4)  # the columns of RunningSet's lengths
+
+@dataclass
+class _Member:
+    seq: int  # admission order
+    req: SimRequest
+    start: float  # the counter's value when this request had written nothing
+    target: float
+    limit: float  # what SGLang reserves against: max_new_tokens, else the target
+    clipped: bool  # reserving CLIP_MAX_NEW_TOKENS (more than that left to its limit)
 
 
 class RunningSet:
     def __init__(self, reqs: list[SimRequest] | None = None) -> None:
-        reqs = reqs or []
-        self.n = len(reqs)
-        size = max(16, 2 * self.n)
-        self._objs = np.empty(size, dtype=object)  # object array: masks in C
-        self._objs[:self.n] = reqs
-        self._lens = np.zeros((size, 4))  # gen, target, prompt, limit: whole numbers exact
-        for i, req in enumerate(reqs):
-            self._lens[i] = self._row(req)
-        self.served = sum(r.future is not None for r in reqs)  # requests with a client
-        self._kv: int | None = None  # kv_used, until the lengths or the members change
-
-    @staticmethod
-    def _row(req: SimRequest) -> tuple[float, float, float, float]:
-        return (req.generated, req.target_tokens, req.prompt_tokens,
-                req.max_new_tokens or req.target_tokens)
-
-    @property
-    def gen(self) -> np.ndarray:
-        return self._lens[:self.n, GEN]
-
-    def _col(self, column: int) -> np.ndarray:
-        return self._lens[:self.n, column]
+        self._counter = 0.0
+        self._members: dict[int, _Member] = {}  # by admission sequence: insertion order
+        self._seq = 0
+        self._finish: list[tuple[float, int]] = []  # (start + target, seq)
+        self._clip: list[tuple[float, int]] = []  # (start + limit − clip, seq), clipped ones
+        self._prompt_sum = 0.0
+        self._start_sum = 0.0
+        self._unclipped_n = 0
+        self._unclipped_end_sum = 0.0  # start + limit of the unclipped members
+        self._finished: list[_Member] = []  # reached their target in the last advance
+        self.served = 0  # requests with a client
+        for req in reqs or []:
+            self.append(req)
 
     def __len__(self) -> int:
-        return self.n
+        return len(self._members)
 
     def __bool__(self) -> bool:
-        return self.n > 0
+        return bool(self._members)
 
     def __iter__(self) -> Iterator[SimRequest]:
         self.sync()
-        return iter(self._objs[:self.n].tolist())
+        return iter([m.req for m in self._members.values()])
 
     def append(self, req: SimRequest) -> None:
-        if self.n == len(self._objs):  # grow: amortized O(1) appends
-            self._objs = np.concatenate([self._objs, np.empty(self.n, dtype=object)])
-            self._lens = np.concatenate([self._lens, np.zeros((self.n, 4))])
-        self._objs[self.n] = req
-        self._lens[self.n] = self._row(req)
-        self.n += 1
+        seq, self._seq = self._seq, self._seq + 1
+        start = self._counter - req.generated
+        limit = float(req.max_new_tokens or req.target_tokens)
+        member = _Member(seq, req, start, float(req.target_tokens), limit, clipped=True)
+        self._members[seq] = member
+        heapq.heappush(self._finish, (start + member.target, seq))
+        heapq.heappush(self._clip, (start + limit - CLIP_MAX_NEW_TOKENS, seq))
+        self._prompt_sum += req.prompt_tokens
+        self._start_sum += start
         self.served += req.future is not None
-        if self._kv is not None:
-            self._kv += req.prompt_tokens + int(req.generated)
+
+    def _generated(self, member: _Member) -> float:
+        return min(self._counter - member.start, member.target)
 
     def sync(self) -> None:
         """Write the lengths back to the request objects."""
-        for req, generated in zip(self._objs[:self.n].tolist(), self.gen.tolist(), strict=True):
-            req.generated = generated
+        for member in self._members.values():
+            member.req.generated = self._generated(member)
+
+    def generated_total(self) -> float:
+        return len(self._members) * self._counter - self._start_sum
 
     def kv_used(self) -> int:
-        """KV tokens held: each prompt plus the whole tokens it has written."""
-        if self._kv is None:
-            self._kv = int(self._col(PROMPT).sum() + np.floor(self.gen).sum())
-        return self._kv
-
-    def generated_total(self) -> int:
-        return int(np.floor(self.gen).sum())
+        """KV tokens held: the prompts plus the whole tokens written."""
+        return int(self._prompt_sum + self.generated_total())
 
     def reserve_total(self) -> int:
-        """What SGLang expects the batch may still write, each request clipped (before the
-        new-token ratio): SimRequest.reserve summed."""
-        return int(np.minimum(self._col(LIMIT) - np.floor(self.gen),
-                              CLIP_MAX_NEW_TOKENS).sum())
+        """What SGLang expects the batch may still write, each request clipped at
+        CLIP_MAX_NEW_TOKENS (before the new-token ratio): SimRequest.reserve summed."""
+        clip = self._clip
+        while clip and clip[0][0] <= self._counter:
+            _, seq = heapq.heappop(clip)
+            member = self._members.get(seq)
+            if member is not None:  # still running: from now on it reserves what it has left
+                member.clipped = False
+                self._unclipped_n += 1
+                self._unclipped_end_sum += member.start + member.limit
+        clipped = len(self._members) - self._unclipped_n
+        left = self._unclipped_end_sum - self._unclipped_n * self._counter
+        return int(clipped * CLIP_MAX_NEW_TOKENS + left)
 
     def fewest_left(self) -> float:
-        return float((self._col(TARGET) - self.gen).min())
+        """Tokens the request nearest its target has left (inf: none runs)."""
+        finish = self._finish
+        while finish and finish[0][1] not in self._members:  # left the batch some other way
+            heapq.heappop(finish)
+        return finish[0][0] - self._counter if finish else math.inf
 
     def just_admitted(self) -> int:
-        return int((self.gen == 0).sum())
+        return sum(self._generated(m) == 0 for m in self._members.values())
 
     def advance(self, tokens: float) -> float:
-        """Every request writes `tokens` more (none past its target); the tokens written."""
-        gen = self.gen
-        new = np.minimum(gen + tokens, self._col(TARGET))
-        produced = float((new - gen).sum())
-        gen[:] = new
-        self._kv = None
+        """Every request writes `tokens` more (none past its target); the tokens written.
+        Those that reach their target wait for `take_finished`."""
+        counter = self._counter + tokens
+        produced = len(self._members) * tokens
+        finish = self._finish
+        while finish and finish[0][0] <= counter:
+            end, seq = heapq.heappop(finish)
+            member = self._members.get(seq)
+            if member is not None:
+                produced -= counter - max(end, self._counter)
+                self._finished.append(member)
+        self._counter = counter
         return produced
 
     def take_finished(self) -> list[SimRequest]:
         """The requests that reached their target, out of the batch (in batch order, their
         lengths written back)."""
-        finished = self.gen >= self._col(TARGET)
-        if not finished.any():
+        if not self._finished:
             return []
-        done: list[SimRequest] = self._objs[:self.n][finished].tolist()
-        for req in done:
-            req.generated = float(req.target_tokens)
-        self._keep(~finished)
-        return done
+        done = sorted(self._finished, key=lambda m: m.seq)
+        self._finished = []
+        for member in done:
+            member.req.generated = member.target
+            self._remove(member)
+        return [m.req for m in done]
 
     def drop(self, gone: list[SimRequest]) -> None:
         """Take these requests out of the batch (their clients went away)."""
-        if not gone:
-            return
-        ids = {id(r) for r in gone}
-        self._keep(np.array([id(r) not in ids for r in self._objs[:self.n].tolist()],
-                            dtype=bool))
+        if gone:
+            ids = {id(r) for r in gone}
+            for member in [m for m in self._members.values() if id(m.req) in ids]:
+                member.req.generated = self._generated(member)
+                self._remove(member)
 
-    def _keep(self, keep: np.ndarray) -> None:
-        objs = self._objs[:self.n]
-        if self.served:
-            self.served -= sum(r.future is not None for r in objs[~keep].tolist())
-        kept = int(keep.sum())
-        self._objs[:kept] = objs[keep]
-        self._objs[kept:self.n] = None
-        self._lens[:kept] = self._lens[:self.n][keep]
-        self.n = kept
-        self._kv = None
+    def _remove(self, member: _Member) -> None:
+        """Out of the batch and its sums; its heap entries are skipped when they surface."""
+        del self._members[member.seq]
+        self._prompt_sum -= member.req.prompt_tokens
+        self._start_sum -= member.start
+        self.served -= member.req.future is not None
+        if not member.clipped:
+            self._unclipped_n -= 1
+            self._unclipped_end_sum -= member.start + member.limit
 
     def abandoned(self) -> list[SimRequest]:
         """Requests whose client went away (only served requests have one)."""
-        return ([r for r in self._objs[:self.n].tolist() if r.abandoned()] if self.served
+        return ([m.req for m in self._members.values() if m.req.abandoned()] if self.served
                 else [])

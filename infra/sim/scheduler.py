@@ -169,7 +169,7 @@ class SimScheduler:
         what else it keeps must fit in the pool's free part."""
         if not self.cache.enabled:
             return
-        cache_room = self.plan.max_total_num_tokens - self.running.generated_total()
+        cache_room = self.plan.max_total_num_tokens - int(self.running.generated_total())
         for req in chunk:
             self.cache.insert(req.data, room=cache_room)
 
