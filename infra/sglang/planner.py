@@ -15,7 +15,7 @@ from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, covering_graphs, plan
 from infra.sglang.profiles import GpuProfile, ModelProfile
 from infra.sglang.roofline import build_roofline
 from infra.sglang.versions import SGLangVersion
-from infra.sim.predict import Workload, committed_tok_s
+from infra.sim.predict import Workload, committed_tok_s, prefetch
 
 MAX_MEM_FRACTION = 0.95  # above this, activations and CUDA graphs risk OOM at runtime
 
@@ -53,6 +53,13 @@ class Demand:
         if self.workload is None:
             return predict_tok_s(model, gpu, flags, plan, self.avg_context)
         return committed_tok_s(model, gpu, flags, version, self.workload) / flags.tp_size
+
+    def prefetch(self, model: ModelProfile, gpu: GpuProfile, candidates: list[ServerFlags],
+                 version: SGLangVersion) -> None:
+        """Replay every candidate's workload in one trip (nothing to replay for the decode
+        rate): the tuner screens a few hundred."""
+        if self.workload is not None:
+            prefetch(model, gpu, candidates, version, self.workload)
 
     def without_tail(self) -> Demand:
         """The same workload with every output at its mean: ~10× cheaper to replay (no long

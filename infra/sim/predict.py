@@ -19,7 +19,6 @@ process of its own (`replay_worker.py`: in the generating process it stalled the
 
 from __future__ import annotations
 
-import functools
 import math
 import random
 from dataclasses import dataclass
@@ -84,16 +83,41 @@ class Workload:
 def committed_tok_s(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
                     version: SGLangVersion, workload: Workload, queue_target: int = 4) -> float:
     """Steady committed output tok/s of one server (per GPU: divide by its TP size)."""
-    return _cached(model, gpu, flags, version, workload, queue_target)
+    key = (model, gpu, flags, version, workload, queue_target)
+    if key not in _RATES:
+        prefetch(model, gpu, [flags], version, workload, queue_target)
+    return _RATES[key]
 
 
-@functools.lru_cache(maxsize=256)
-def _cached(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags, version: SGLangVersion,
-            workload: Workload, queue_target: int) -> float:
+def prefetch(model: ModelProfile, gpu: GpuProfile, flag_sets: list[ServerFlags],
+             version: SGLangVersion, workload: Workload, queue_target: int = 4) -> None:
+    """Replay every configuration not yet known, in one trip to the worker: the tuner
+    scores a few hundred candidates, and a round trip each would cost more than their
+    replays at the mean."""
+    todo = list(dict.fromkeys(f for f in flag_sets if (model, gpu, f, version, workload,
+                                                         queue_target) not in _RATES))
+    if not todo:
+        return
+    if len(_RATES) + len(todo) > MAX_KEPT:
+        _RATES.clear()
+    jobs = [_replay_args(model, gpu, f, version, workload, queue_target) for f in todo]
+    results: list[ClosedLoopResult] = WORKER.replay_many(jobs)
+    for flags, result in zip(todo, results, strict=True):
+        _RATES[(model, gpu, flags, version, workload, queue_target)] = (
+            result.steady_tok_s or result.committed_tok_s)
+
+
+MAX_KEPT = 4096  # rates remembered (a tuner asks for the same ones each cycle)
+_RATES: dict[tuple[ModelProfile, GpuProfile, ServerFlags, SGLangVersion, Workload, int],
+             float] = {}
+
+
+def _replay_args(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
+                 version: SGLangVersion, workload: Workload,
+                 queue_target: int) -> tuple[object, ...]:
+    """`replay.replay_requests`'s arguments: the cap's clients over enough rounds."""
     cap = plan_memory(model, gpu, flags, version).max_running_requests
     clients = cap + queue_target
     rounds = ROUNDS_FIXED if workload.output_p99 is None else ROUNDS_MIXED
-    outs = workload.output_lengths(rounds * clients)
-    rows = [(workload.prompt_tokens, out) for out in outs]
-    result: ClosedLoopResult = WORKER.replay(model, gpu, flags, version, rows, clients)
-    return result.steady_tok_s or result.committed_tok_s
+    rows = [(workload.prompt_tokens, out) for out in workload.output_lengths(rounds * clients)]
+    return (model, gpu, flags, version, rows, clients)

@@ -39,12 +39,17 @@ class ReplayWorker:
         self.in_process = False  # True where nothing else runs that a replay could stall
 
     def replay(self, *args: Any) -> Any:
-        """`replay.replay_requests(*args)`, computed in the child. A child that died (it dies
-        with the thread that started it) is started again, once."""
+        """`replay.replay_requests(*args)`, computed in the child."""
+        return self.replay_many([args])[0]
+
+    def replay_many(self, jobs: list[tuple[Any, ...]]) -> list[Any]:
+        """`replay.replay_requests(*args)` for each argument tuple, in one trip to the child.
+        A child that died (it dies with the thread that started it) is started again, once."""
         if self.in_process:
             from infra.sim.replay import replay_requests
 
-            return replay_requests(*args)
+            return [replay_requests(*args) for args in jobs]
+        args = tuple(jobs)
         with self._lock:
             try:
                 ok, value = self._ask(args)
@@ -104,7 +109,7 @@ def main() -> None:
         except EOFError:
             return
         try:
-            answer: tuple[bool, Any] = (True, replay_requests(*args))
+            answer: tuple[bool, Any] = (True, [replay_requests(*job) for job in args])
         except Exception as exc:  # sent back to the caller, who raises it there
             answer = (False, f"{type(exc).__name__}: {exc}")
         pickle.dump(answer, results)

@@ -239,16 +239,10 @@ def _scored_candidates(flags: ServerFlags, current: MemoryPlan | None,
     if search.pinned:
         options = [(f"{label} (pools kept)", keep_memory(c, flags)) for label, c in options]
     screen = search.demand.without_tail()
+    fitted = _fitted(options, flags, search)
+    screen.prefetch(hw.model, hw.gpu, [c for _, c, _ in fitted], hw.version)
     pool: list[Scored] = []
-    for label, candidate in options:
-        if not _allowed(candidate, flags, search):
-            continue
-        try:
-            label, candidate, plan = fit_to_kv(label, candidate, hw.memory_plan(candidate),
-                                               search.demand, hw)
-            label, candidate, plan = graphs_for_cap(label, candidate, plan, hw)
-        except PoolsDoNotFit:
-            continue
+    for label, candidate, plan in fitted:
         raw = screen.tok_s_per_gpu(hw.model, hw.gpu, candidate, plan, hw.version)
         tok_s = raw
         reuse = search.reuse
@@ -268,6 +262,27 @@ def _scored_candidates(flags: ServerFlags, current: MemoryPlan | None,
             label += f" ({trust.label(plan.max_running_requests)})"
         pool.append((tok_s, raw, label, candidate, plan))
     return pool
+
+
+def _fitted(options: list[tuple[str, ServerFlags]], flags: ServerFlags,
+            search: Search) -> list[tuple[str, ServerFlags, MemoryPlan]]:
+    """The allowed options, each once, with the cap its KV pool holds and graphs to it."""
+    hw = search.hardware
+    out, seen = [], set()
+    for label, candidate in options:
+        if not _allowed(candidate, flags, search):
+            continue
+        try:
+            label, candidate, plan = fit_to_kv(label, candidate, hw.memory_plan(candidate),
+                                               search.demand, hw)
+            label, candidate, plan = graphs_for_cap(label, candidate, plan, hw)
+        except PoolsDoNotFit:
+            continue
+        key = config_key(candidate, None)
+        if key not in seen:
+            seen.add(key)
+            out.append((label, candidate, plan))
+    return out
 
 
 def accepted_by(flags: ServerFlags, version: SGLangVersion, hybrid: bool) -> bool:
