@@ -19,6 +19,7 @@ from infra.sglang.server_info import parse_server_info
 RECORD_KEYS = (
     "kind", "timestamp", "rank", "running_req", "queue_req", "token_usage", "full_token_usage",
     "swa_token_usage", "mamba_usage", "mamba_num", "num_tokens", "full_num_tokens",
+    "swa_num_tokens",
     "gen_throughput", "input_throughput", "new_seq", "new_token", "cached_token", "accept_len",
     "accept_rate", "graph", "pending_token", "max_total_num_tokens", "max_running_requests",
     "max_mamba_cache_size", "mamba_slots_per_request", "context_len", "version",
@@ -36,7 +37,10 @@ _MESSAGE = re.compile(
 _STAMP = re.compile(r"(?P<ts>\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?)")
 _TIME_ONLY = re.compile(r"(?P<ts>\b\d{2}:\d{2}:\d{2}(?:[.,]\d+)?)")
 _RANK_TAG = re.compile(r"\b(?:(?:DP|TP|PP|EP)\d+|(?:gpu|GPU|gpu_id)=\d+)\b")
-_BATCH = re.compile(r"^(?P<kind>Prefill|Prefil|Decode) batch(?: \[\d+\])?[.,]\s*(?P<rest>.*)$")
+# 0.2-0.3 put a mixed batch's running count in the header: "Prefill batch(mixed #running-req:
+# 4). #new-seq: …"
+_BATCH = re.compile(r"^(?P<kind>Prefill|Prefil|Decode) batch(?: \[\d+\])?"
+                    r"(?:\(mixed (?P<mixed>#running-req: \d+)\))?[.,]\s*(?P<rest>.*)$")
 _CAPPED = re.compile(r"capped to (?P<cap>\d+) by the mamba state cache "
                      r"\(max_mamba_cache_size=(?P<slots>\d+), (?P<per>\d+) state slots")
 _KV_PAIR = re.compile(r"^\s*(?P<key>[#A-Za-z][^:]*?)\s*:\s*(?P<value>.+?)\s*$")
@@ -48,13 +52,16 @@ _BATCH_KEYS: dict[str, str] = {
     "#running-req": "running_req", "#queue-req": "queue_req", "token usage": "token_usage",
     "full token usage": "full_token_usage", "swa token usage": "swa_token_usage",
     "mamba usage": "mamba_usage", "mamba num": "mamba_num", "#token": "num_tokens",
-    "#full token": "full_num_tokens", "gen throughput (token/s)": "gen_throughput",
+    "#full token": "full_num_tokens", "#swa token": "swa_num_tokens",
+    "gen throughput (token/s)": "gen_throughput", "cache hit rate": "cache_hit_rate",
+    "#retracted-req": "retracted_req", "cpu graph": "graph",
     "input throughput (token/s)": "input_throughput", "#new-seq": "new_seq",
     "#new-token": "new_token", "#cached-token": "cached_token", "accept len": "accept_len",
     "accept rate": "accept_rate", "cuda graph": "graph", "npu graph": "graph",
     "#pending-token": "pending_token",
 }
 _INT_KEYS = {"running_req", "queue_req", "mamba_num", "num_tokens", "full_num_tokens",
+             "swa_num_tokens", "retracted_req",
              "new_seq", "new_token", "cached_token", "pending_token", "max_total_num_tokens",
              "max_running_requests", "max_mamba_cache_size", "context_len"}
 
@@ -72,6 +79,8 @@ def _number(key: str, raw: str) -> Any:
     if key == "graph":
         return {"true": True, "false": False}.get(text.lower())
     try:
+        if key == "cache_hit_rate" and text.endswith("%"):  # a fraction, as /metrics has it
+            return float(text[:-1]) / 100
         if key in _INT_KEYS:
             return int(float(text))
         return float(text.rstrip("%"))
@@ -99,7 +108,8 @@ def _message_record(msg: str) -> Record | None:
     batch = _BATCH.match(msg)
     if batch:
         record = new_record("decode" if batch["kind"] == "Decode" else "prefill")
-        for part in batch["rest"].split(", "):
+        parts = batch["rest"].split(", ")
+        for part in [batch["mixed"], *parts] if batch["mixed"] else parts:
             pair = _KV_PAIR.match(part)
             if not pair:
                 continue
