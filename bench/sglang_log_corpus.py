@@ -47,36 +47,27 @@ LABEL_FIELDS = {
 }
 # what the parser reads for a label is the printed number times this (percent → fraction)
 LABEL_SCALE = {"cache hit rate": 0.01}
-NOT_READ = {  # printed, not used by diagnosis or tuning
-    "max_prefill_tokens": "the prefill budget: a flag the launch line already holds",
-    "chunked_prefill_size": "a flag the launch line already holds",
-    "available_gpu_mem": "free memory after the pools: /server_info reports the pools",
-    "#unbootstrapped-req": "PD disaggregation queues (prefill side)",
-    "#bootstrap-req": "PD disaggregation queues", "#inflight-req": "PD disaggregation queues",
-    "#transferring-req": "PD disaggregation queues", "#optimistic-req": "PD disaggregation",
-    "#prealloc-req": "PD disaggregation queues (decode side)",
-    "#transfer-req": "PD disaggregation queues (decode side)",
-    "pre-allocated usage": "PD disaggregation (decode side)",
-    "waiting-image-req": "multimodal receiver queue",
-    "cap len": "speculative decoding detail beside accept len",
-    "block accept len": "speculative decoding detail beside accept len",
-    # "est. …" labels: the parser splits at the ". " like any label
-    "prefill TFLOPS/s (per GPU)": "an estimate of SGLang's own, not a measurement",
-    "decode TFLOPS/s (per GPU)": "an estimate of SGLang's own, not a measurement",
-    "read BW (GB/s per GPU)": "an estimate of SGLang's own, not a measurement",
-    "write BW (GB/s per GPU)": "an estimate of SGLang's own, not a measurement",
-    "fwd occupancy": "GPU busy share of SGLang's own timer",
-    "#reserved-decode-token": "reserved decode budget, a scheduler internal",
-    "#cpu token": "hierarchical sparse attention's host pool", "#gpu token": "the same, device",
-    "cpu token usage": "hierarchical sparse attention", "gpu token usage": "the same, device",
-    "#lora-slot": "LoRA adapters", "lora usage": "LoRA adapters",
-    "device_id": "rank tag inside a message", "gpu_id": "rank tag inside a message",
-    "#mamba": "hybrid mamba slot count variant",
-    "largest-len": "the longest prefill + decode length (0.4.4 decode lines)",
-    "time": "seconds since the last prefill line (0.4.7)",
-    "#replay-token": "tokens replayed after a preemption, beside #new-token",
-    "#host-receive-req": "PD disaggregation queues (decode side)",
+_NOT_READ_GROUPS: dict[str, tuple[str, ...]] = {  # printed, not used by diagnosis or tuning
+    "a flag the launch line already holds": ("max_prefill_tokens", "chunked_prefill_size"),
+    "free memory after the pools: /server_info reports the pools": ("available_gpu_mem",),
+    "PD disaggregation queues": (
+        "#unbootstrapped-req", "#bootstrap-req", "#inflight-req", "#transferring-req",
+        "#optimistic-req", "#prealloc-req", "#transfer-req", "pre-allocated usage",
+        "#host-receive-req"),
+    "the multimodal receiver's queue": ("waiting-image-req",),
+    "speculative decoding detail beside accept len": ("cap len", "block accept len"),
+    # the "est. …" labels: the parser splits at the ". " like any label
+    "an estimate of SGLang's own, not a measurement": (
+        "prefill TFLOPS/s (per GPU)", "decode TFLOPS/s (per GPU)", "read BW (GB/s per GPU)",
+        "write BW (GB/s per GPU)", "fwd occupancy"),
+    "hierarchical sparse attention's host and device pools": (
+        "#cpu token", "#gpu token", "cpu token usage", "gpu token usage"),
+    "scheduler internals": ("#reserved-decode-token", "#mamba", "largest-len", "time",
+                            "#replay-token"),
+    "LoRA adapters": ("#lora-slot", "lora usage"),
+    "a rank tag inside the message (read as the rank)": ("device_id", "gpu_id"),
 }
+NOT_READ = {label: why for why, labels in _NOT_READ_GROUPS.items() for label in labels}
 _HEADER = re.compile(r"(Prefill|Prefil|Decode) batch|max_total_num_tokens=")
 _LABEL_AT_END = re.compile(r"(?:^|[,.(]\s*|\]\s*)(?P<label>[#A-Za-z(][^,:.=]*?)(?P<sep>: |=)$")
 _EMPTY_NAMES = re.compile(r"(^|_)(msg|suffix|iter_msg)$")
