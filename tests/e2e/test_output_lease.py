@@ -57,7 +57,9 @@ def test_a_second_run_on_a_live_runs_output_refuses_naming_it(
     src.write_text("".join(json.dumps({"id": f"i{i:04d}", "prompt": f"lease {i}"}) + "\n"
                            for i in range(ROWS)))
     env = {**os.environ, **prefect_env}
-    first = subprocess.Popen(args(src, out), env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+    # the first run at a quarter of the usual pace: it must still be live when the second one
+    # (a fresh interpreter importing Prefect, seconds on a loaded box) reads the lease
+    first = subprocess.Popen(args(src, out, time_scale=1.0), env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
     wait_for_commits(out, first, 1)
     second = subprocess.run(args(src, out), env=env, cwd=ROOT, capture_output=True, text=True,
