@@ -59,8 +59,9 @@ def test_a_second_run_on_a_live_runs_output_refuses_naming_it(
     env = {**os.environ, **prefect_env}
     # the first run at a quarter of the usual pace: it must still be live when the second one
     # (a fresh interpreter importing Prefect, seconds on a loaded box) reads the lease
-    first = subprocess.Popen(args(src, out, time_scale=1.0), env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    first = subprocess.Popen(args(src, out, time_scale=1.0), env=env, cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
     wait_for_commits(out, first, 1)
     second = subprocess.run(args(src, out), env=env, cwd=ROOT, capture_output=True, text=True,
                             timeout=120)
