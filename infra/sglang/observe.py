@@ -48,7 +48,7 @@ _EQ_PAIR = re.compile(r"(?P<key>[a-z_]+)=(?P<value>[^,\s]+)")
 _MAMBA_SIZE = re.compile(r"max_mamba_cache_size:\s*(\d+)")
 _KV_TOKENS = re.compile(r"#tokens:\s*(\d+)")
 
-_BATCH_KEYS: dict[str, str] = {
+BATCH_LABELS: dict[str, str] = {  # label as SGLang prints it → record key
     "#running-req": "running_req", "#queue-req": "queue_req", "token usage": "token_usage",
     "full token usage": "full_token_usage", "swa token usage": "swa_token_usage",
     "mamba usage": "mamba_usage", "mamba num": "mamba_num", "#token": "num_tokens",
@@ -60,6 +60,7 @@ _BATCH_KEYS: dict[str, str] = {
     "accept rate": "accept_rate", "cuda graph": "graph", "npu graph": "graph",
     "#pending-token": "pending_token",
 }
+STARTUP_KEYS = ("max_total_num_tokens", "max_running_requests", "context_len")
 _INT_KEYS = {"running_req", "queue_req", "mamba_num", "num_tokens", "full_num_tokens",
              "swa_num_tokens", "retracted_req",
              "new_seq", "new_token", "cached_token", "pending_token", "max_total_num_tokens",
@@ -108,19 +109,18 @@ def _message_record(msg: str) -> Record | None:
     batch = _BATCH.match(msg)
     if batch:
         record = new_record("decode" if batch["kind"] == "Decode" else "prefill")
-        parts = batch["rest"].split(", ")
-        for part in [batch["mixed"], *parts] if batch["mixed"] else parts:
+        for part in filter(None, [batch["mixed"], *batch["rest"].split(", ")]):
             pair = _KV_PAIR.match(part)
             if not pair:
                 continue
-            key = _BATCH_KEYS.get(pair["key"].strip())
+            key = BATCH_LABELS.get(pair["key"].strip())
             if key is not None:
                 record[key] = _number(key, pair["value"])
         return record
     record = new_record("startup")
     if msg.startswith("max_total_num_tokens="):
         for pair in _EQ_PAIR.finditer(msg):
-            if pair["key"] in ("max_total_num_tokens", "max_running_requests", "context_len"):
+            if pair["key"] in STARTUP_KEYS:
                 record[pair["key"]] = _number(pair["key"], pair["value"])
     elif msg.startswith("Mamba Cache is allocated"):
         size = _MAMBA_SIZE.search(msg)
