@@ -337,17 +337,14 @@ def status(output: Annotated[Path, typer.Argument(help="An output folder.")]) ->
 
 def _print_owner(output: Path) -> None:
     """Who holds the folder's lease (infra/lease.py): a live run, or one that is gone."""
-    import time
+    from infra.lease import FolderLease
 
-    from infra.lease import read_owner
-
-    owner = read_owner(output)
-    if owner is None:
+    found = FolderLease(output).read()
+    if found is None:
         return
-    now = time.time()
-    state = ("running" if owner.alive(now) else
+    state = ("running" if found.alive else
              "gone (its lease is stale: the next run takes it over)")
-    console.print(f"owner: {owner.describe(now)} — {state}", highlight=False, markup=False,
+    console.print(f"owner: {found.describe()} — {state}", highlight=False, markup=False,
                   soft_wrap=True)
 
 

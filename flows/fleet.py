@@ -20,11 +20,14 @@ from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
+from prefect.runtime import flow_run
 from prefect.states import Cancelled, Cancelling, State
 
-from flows.generate import job_settings
+from flows.generate import job_settings, leases_of
+from infra.lease import held_lease
 from infra.manifest import Manifest, make_plan
 from infra.prompts import validate_input
+from infra.settings import JobSettings
 from infra.storage import Destination, open_destination
 from tasks.upload import merge_manifests
 
@@ -111,8 +114,18 @@ def generate_fleet(output: str, prompts: str | None = None, nodes: int = 2,
 
     A node run that publishes no shard for `node_stall_timeout_s` (start-up included; 0 turns
     the watchdog off) is cancelled, and its shards go to the next round."""
-    logger = get_run_logger()
     settings = job_settings(prompts, output, None, gpus, None, None, overrides)
+    root, beside = leases_of(settings, None)
+    with held_lease(root, str(flow_run.name or ""), settings.force_takeover, beside):
+        return _spread(settings, nodes, deployment, gpus, overrides, node_port_stride,
+                       max_rounds, poll_s, node_stall_timeout_s)
+
+
+def _spread(settings: JobSettings, nodes: int, deployment: str, gpus: list[int] | None,
+            overrides: dict[str, Any] | None, node_port_stride: int, max_rounds: int,
+            poll_s: float, node_stall_timeout_s: float) -> dict[str, Any]:
+    """The rounds of node runs, once this run holds the output's lease (and the bucket's)."""
+    logger = get_run_logger()
     root = settings.local_output()
     dest = open_destination(settings.upload_target() or str(root),
                             settings.storage.endpoint_url, settings.storage.region,
@@ -132,7 +145,7 @@ def generate_fleet(output: str, prompts: str | None = None, nodes: int = 2,
         runs = []
         for i, chunk in enumerate(split(pending, nodes)):
             node = f"node-{i}-r{round_no}"
-            params = {"prompts": str(settings.prompts), "output": output, "gpus": gpus,
+            params = {"prompts": str(settings.prompts), "output": settings.output, "gpus": gpus,
                       "overrides": {**(overrides or {}), "base_port":
                                     base_port + node_port_stride * (round_no * nodes + i)},
                       "shards": chunk, "node": node}

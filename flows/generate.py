@@ -24,8 +24,9 @@ from flows.epoch import JobContext, run_epoch
 from flows.progress import Progress
 from flows.report import write_report
 from flows.summary import RunSummary, ServerSummary, format_summary
+from infra.bucket_lease import leases_beside
 from infra.input_lengths import InputLengths, sample_lengths
-from infra.lease import held_lease, in_use_problem
+from infra.lease import FolderLease, LeaseStore, held_lease, in_use_problem
 from infra.locations import location_problem
 from infra.processes import ephemeral_port_warning
 from infra.prompts import validate_input
@@ -66,7 +67,26 @@ def job_paths(settings: JobSettings, node: str | None) -> tuple[Path, str | None
             settings.upload_target() or str(settings.local_output()))
 
 
-def preflight(settings: JobSettings, check_input: bool = True) -> list[str]:
+def leases_of(settings: JobSettings, node: str | None) -> tuple[Path, list[LeaseStore]]:
+    """The folder whose lease the run holds, and those it holds beside it: where it
+    publishes, for a whole job (a node of a multi-node job publishes into the output whose
+    lease its generate-fleet run holds)."""
+    out, target = job_paths(settings, node)
+    if node is not None:
+        return out, []
+    return out, leases_beside(target, settings.storage.endpoint_url, settings.storage.region)
+
+
+def lease_problem(settings: JobSettings, node: str | None) -> str | None:
+    """The refusal a live owner of the output (or of where it publishes) gives."""
+    if settings.force_takeover:
+        return None
+    out, beside = leases_of(settings, node)
+    return next(filter(None, map(in_use_problem, [FolderLease(out), *beside])), None)
+
+
+def preflight(settings: JobSettings, check_input: bool = True,
+              node: str | None = None) -> list[str]:
     """Everything that can be checked before a server starts or an output folder appears:
     the input file, the launch commands (version-aware flags), the sim's profiles. Raises
     ValueError subclasses whose message names the field and the fix; returns warnings (legal
@@ -76,8 +96,7 @@ def preflight(settings: JobSettings, check_input: bool = True) -> list[str]:
     engine = engine_for(settings)
     specs = engine.launch_specs(settings, settings.local_output())
     engine.check_before_start(settings)
-    problem = location_problem(settings) or (
-        None if settings.force_takeover else in_use_problem(settings.local_output()))
+    problem = location_problem(settings) or lease_problem(settings, node)
     if problem:
         raise ValueError(problem)
     warnings = [w for w in [ephemeral_port_warning([s.port for s in specs]),
@@ -144,14 +163,15 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
     multi-node job: only those shards, published under the node's manifest."""
     logger = get_run_logger()
     settings = job_settings(prompts, output, engine, gpus, model, config_file, overrides)
-    for warning in preflight(settings, check_input=False):
+    for warning in preflight(settings, check_input=False, node=node):
         logger.warning(warning)
     if "api_key" in (overrides or {}):
         logger.warning("api_key came as a flow parameter: Prefect keeps parameters in plain "
                        "text in its database; set EXPANSION_API_KEY in the environment of the "
                        "worker (or the deployment's job_variables env) instead")
-    out, target = job_paths(settings, node)
-    with held_lease(out, str(flow_run.name or ""), settings.force_takeover):
+    out, beside = leases_of(settings, node)
+    _, target = job_paths(settings, node)
+    with held_lease(out, str(flow_run.name or ""), settings.force_takeover, beside):
         return _generate_into(settings, out, target, shards, node, logger)
 
 

@@ -106,7 +106,8 @@ class S3Destination:
         chunk = multipart_mb * 1024 * 1024
         self.transfer = TransferConfig(multipart_threshold=chunk, multipart_chunksize=chunk)
 
-    def _key(self, key: str) -> str:
+    def key_of(self, key: str) -> str:
+        """The object key of an output-relative key (under the prefix)."""
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _read(self, call: str, key: str) -> dict[str, Any] | None:
@@ -115,7 +116,7 @@ class S3Destination:
 
         try:
             answer: dict[str, Any] = getattr(self.client, call)(Bucket=self.bucket,
-                                                                Key=self._key(key))
+                                                                Key=self.key_of(key))
         except ClientError as exc:
             if _status(exc) == 404:
                 return None
@@ -136,7 +137,7 @@ class S3Destination:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            self.client.upload_file(str(source), self.bucket, self._key(key),
+            self.client.upload_file(str(source), self.bucket, self.key_of(key),
                                     ExtraArgs={"Metadata": {SHA_KEY: sha256}},
                                     Config=self.transfer)
         except (ClientError, BotoCoreError, S3UploadFailedError) as exc:
@@ -146,7 +147,7 @@ class S3Destination:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+            self.client.put_object(Bucket=self.bucket, Key=self.key_of(key), Body=data)
         except (ClientError, BotoCoreError) as exc:
             raise StorageError(f"write of {key} to {self.label} failed: {exc}") from exc
 
@@ -157,7 +158,7 @@ class S3Destination:
         strip = f"{self.prefix}/" if self.prefix else ""
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=self._key(prefix))
+                Bucket=self.bucket, Prefix=self.key_of(prefix))
             for page in pages:
                 keys += [o["Key"].removeprefix(strip) for o in page.get("Contents", [])]
         except (ClientError, BotoCoreError) as exc:
