@@ -1,5 +1,6 @@
-"""`prefect deployment run generate/expansion` on a real Prefect server with a process worker,
-and cancellation from the CLI leaving no server process and no busy port."""
+"""`prefect deployment run generate/expansion` on a real Prefect server with a process worker
+(a CLI run on its output meanwhile refuses, naming the deployment's flow run, which finishes
+unharmed), and cancellation from the CLI leaving no server process and no busy port."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -23,6 +25,8 @@ from tests.conftest import free_port_block, stop_process_group
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).parent / "prefect")
 POOL = "gpu-local"
+ROWS = 600
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
 def prefect(env: dict[str, str], *args: str, timeout: float = 300) -> str:
@@ -73,16 +77,48 @@ def run_params(out: Path, src: Path, port: int, time_scale: float) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("prefect_server")
-def test_deployment_run_completes_through_a_worker(worker: dict[str, str],
-                                                   tmp_path: Path) -> None:
-    src = write_prompts(tmp_path / "p.jsonl", 300)
+def test_deployment_run_completes_through_a_worker_and_a_cli_run_beside_it_refuses(
+        worker: dict[str, str], tmp_path: Path) -> None:
+    src = write_prompts(tmp_path / "p.jsonl", ROWS)
     out = tmp_path / "out"
     text = prefect(worker, "deployment", "run", "generate/expansion",
-                   *run_params(out, src, free_port_block(2), 400.0), "--watch",
-                   "--watch-interval", "1", timeout=400)
-    assert "Completed" in text
+                   *run_params(out, src, free_port_block(2), 20.0))
+    run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", text)
+    assert run_id, text
+    name = flow_run(worker, run_id[1])["name"]
+    wait_until(lambda: len(committed(out)) >= 1, "no shard committed")
+    cli = subprocess.run([sys.executable, "-m", "expansion.cli", "run", "--prompts", str(src),
+                          "--output", str(out), "--gpus", "0,1"], env=worker, cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert len(committed(out)) < ROWS // 50, "the deployment run ended before the CLI run read"
+    said = cli.stderr.strip().splitlines()
+    assert cli.returncode == 2 and len(said) == 1, cli.stderr[-3000:]
+    assert said[0].startswith(f"error: output: {out} is in use by a live run (flow run "
+                              f"'{name}', pid "), said
+    wait_until(lambda: flow_run(worker, run_id[1])["state"]["type"] in TERMINAL,
+               "the deployment run never ended", 400)
+    assert flow_run(worker, run_id[1])["state"]["type"] == "COMPLETED"  # unharmed
     frame = Manifest(out).read_completions()
-    assert frame.height == 300 and frame["id"].n_unique() == 300
+    assert frame.height == ROWS and frame["id"].n_unique() == ROWS
+
+
+def flow_run(env: dict[str, str], run_id: str) -> dict[str, Any]:
+    answer: dict[str, Any] = httpx.get(f"{env['PREFECT_API_URL']}/flow_runs/{run_id}").json()
+    return answer
+
+
+def committed(out: Path) -> list[int]:
+    try:
+        return sorted(Manifest(out).committed())
+    except (OSError, ValueError):
+        return []
+
+
+def wait_until(done: Callable[[], bool], why: str, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, why
+        time.sleep(0.3)
 
 
 @pytest.mark.slow
