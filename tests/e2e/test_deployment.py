@@ -82,7 +82,7 @@ def test_deployment_run_completes_through_a_worker_and_a_cli_run_beside_it_refus
     src = write_prompts(tmp_path / "p.jsonl", ROWS)
     out = tmp_path / "out"
     text = prefect(worker, "deployment", "run", "generate/expansion",
-                   *run_params(out, src, free_port_block(2), 20.0))
+                   *run_params(out, src, free_port_block(2), 1.0))
     run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", text)
     assert run_id, text
     name = flow_run(worker, run_id[1])["name"]
