@@ -117,15 +117,31 @@ def generate_fleet(output: str, prompts: str | None = None, nodes: int = 2,
     settings = job_settings(prompts, output, None, gpus, None, None, overrides)
     root, beside = leases_of(settings, None)
     with held_lease(root, str(flow_run.name or ""), settings.force_takeover, beside):
-        return _spread(settings, nodes, deployment, gpus, overrides, node_port_stride,
-                       max_rounds, poll_s, node_stall_timeout_s)
+        return _spread(settings, Spread(nodes, deployment, gpus, overrides, node_port_stride,
+                                        max_rounds, poll_s, node_stall_timeout_s))
 
 
-def _spread(settings: JobSettings, nodes: int, deployment: str, gpus: list[int] | None,
-            overrides: dict[str, Any] | None, node_port_stride: int, max_rounds: int,
-            poll_s: float, node_stall_timeout_s: float) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Spread:
+    """How generate-fleet spreads a job: its parameters beside the job's settings."""
+
+    nodes: int
+    deployment: str
+    gpus: list[int] | None
+    overrides: dict[str, Any] | None
+    node_port_stride: int
+    max_rounds: int
+    poll_s: float
+    node_stall_timeout_s: float
+
+
+def _spread(settings: JobSettings, spread: Spread) -> dict[str, Any]:
     """The rounds of node runs, once this run holds the output's lease (and the bucket's)."""
     logger = get_run_logger()
+    nodes, deployment, gpus, overrides = (spread.nodes, spread.deployment, spread.gpus,
+                                          spread.overrides)
+    node_port_stride, max_rounds, poll_s, node_stall_timeout_s = (
+        spread.node_port_stride, spread.max_rounds, spread.poll_s, spread.node_stall_timeout_s)
     root = settings.local_output()
     dest = open_destination(settings.upload_target() or str(root),
                             settings.storage.endpoint_url, settings.storage.region,

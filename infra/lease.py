@@ -36,6 +36,7 @@ from typing import Protocol
 
 from infra.files import atomic_write
 from infra.processes import start_ticks
+from infra.storage import StorageError
 
 LEASE = "lease.json"
 RENEW_S = 30.0
@@ -255,11 +256,15 @@ class _Renewal:
             self.lost = now.describe() if now else "nobody (the lease is gone)"
 
     def stop(self) -> None:
+        """End the renewals and remove the lease; a store out of reach keeps it (it lapses,
+        and a run on this host takes it over at once, its pid gone) rather than hide the
+        error that ends the run behind its own."""
         self.done.set()
         self.thread.join(timeout=5)
-        held = self.store.read()
-        if held is not None and held.owner.same_process(this_process()):
-            self.store.remove(held)
+        with contextlib.suppress(OSError, StorageError):
+            held = self.store.read()
+            if held is not None and held.owner.same_process(this_process()):
+                self.store.remove(held)
 
 
 _HELD: dict[str, list[_Renewal]] = {}  # local folder → the leases its run holds beside it
