@@ -1,8 +1,8 @@
 """The output row, defined once: what the pipeline adds after the user's own columns, with
 types and which rows have them. The Parquet schema of a shard, the export's reading of a
 row, the dispatcher's building of one and docs/OUTPUT.md are all made from the TypedDicts
-below (before this, rows were dicts whose schema Parquet inferred, and the error and sample
-columns existed by convention only).
+below, so no column's type is left to Parquet's inference and no column exists by
+convention only.
 
 `python -m infra.output_row` prints docs/OUTPUT.md; a test keeps the file equal to it.
 """

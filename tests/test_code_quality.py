@@ -4,8 +4,11 @@ tests so a red lint cannot land."""
 from __future__ import annotations
 
 import ast
+import io
+import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,3 +147,28 @@ def test_no_function_takes_more_than_seven_parameters() -> None:
             if count > MAX_PARAMETERS and not _entry_point(node):
                 long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({count})")
     assert not long, f"pass a record: {long}"
+
+
+# "session 9", "sessions 5 and 15", "before this, …", a dated data folder (2026-12-01-h200-s6)
+_HISTORY = re.compile(r"\bsessions? \d+|\bbefore this, |\d{4}-\d{2}-\d{2}-h\d{3}", re.IGNORECASE)
+
+
+def _prose(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every comment and docstring of a module."""
+    source = path.read_text()
+    out = [(t.start[0], t.string) for t in
+           tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                out.append((getattr(node, "lineno", 1), doc))
+    return out
+
+
+def test_source_prose_says_what_and_why_not_when() -> None:
+    """Comments and docstrings explain the code; history (which session found what, dated
+    data folders) lives in git and docs/."""
+    found = [f"{path.relative_to(ROOT)}:{line} {m.group(0)!r}" for path in _modules()
+             for line, text in _prose(path) for m in _HISTORY.finditer(text)]
+    assert not found, found

@@ -65,7 +65,7 @@ class MemoryPlan:
         """Whether a full batch replays a CUDA graph; above `graph_max_bs` SGLang 0.5.17 runs
         eager: slower (72.7 ms against 37.8 ms a step at 313 running, Qwen3.6-35B-A3B on the
         H200), and the eager attention's buffers are not reserved (Kimi-Linear-48B-A3B died
-        of CUDA OOM on its first batch above 256: bench/real_sglang/data/2026-12-03-h200-s16)."""
+        of CUDA OOM on its first batch above 256: docs/REAL_SGLANG.md, "two MoE hybrids")."""
         return self.max_running_requests <= self.graph_max_bs
 
     def to_dict(self) -> dict[str, object]:

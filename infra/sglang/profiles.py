@@ -60,7 +60,7 @@ GPUS: dict[str, GpuProfile] = {
     "rtx-pro-6000": GpuProfile("RTX PRO 6000 Blackwell", total_mib=97887, bandwidth_gbs=1792,
                                bf16_tflops=500),
     # context_gib measured: "Load weight begin. avail mem=139.13 GB" of 140.40 (SGLang 0.5.17,
-    # torch 2.11 + CUDA 13.0, bench/real_sglang/data/2026-12-01-h200).
+    # torch 2.11 + CUDA 13.0; docs/REAL_SGLANG.md).
     "h200": GpuProfile("H200", total_mib=143771, bandwidth_gbs=4800, bf16_tflops=989,
                        context_gib=1.27),
     "h100": GpuProfile("H100 80GB", total_mib=81559, bandwidth_gbs=3350, bf16_tflops=989),

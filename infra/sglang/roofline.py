@@ -55,10 +55,17 @@ class StepCalibration:
 
 # The seeds' fit (RTX PRO 6000, a pre-rename build): seed 000 extra_buffer with 31 running
 # ≈ 490 tok/s/GPU and its no_buffer rerun ≈ 1,175 tok/s/GPU both hold. The H200 does not
-# confirm its tracking term (docs/SIMULATOR.md).
+# confirm its tracking term (docs/SIMULATOR.md). Its eager step is the H200's (the only GPU
+# that measured one): an eager batch is never free, and 0 would make a cap past the graphs look so.
 DEFAULT_CALIBRATION = StepCalibration(
     bandwidth_efficiency=0.7, per_request_overhead_s=5.0e-5, step_overhead_s=1.5e-3,
-    no_overlap_extra_s=1.0e-3, extra_buffer_tracking_slots=6.6)
+    no_overlap_extra_s=1.0e-3, extra_buffer_tracking_slots=6.6, eager_layer_s=8.61e-4)
+
+
+# Constants of the GPU and runtime rather than of a model family: a family's entry that did not
+# measure them takes its GPU's. The eager step's extra cost is the launches a CUDA graph saves,
+# per layer; priced at 0 where unmeasured, a cap above the graphs would look free.
+GPU_WIDE = ("eager_layer_s",)
 
 
 @functools.cache
@@ -68,7 +75,9 @@ def measured_calibrations() -> dict[str, StepCalibration]:
     names = {f.name for f in fields(StepCalibration)}
     out = {}
     for gpu, values in raw.items():
-        kept = {k: v for k, v in values.items() if k in names}
+        base = raw.get(gpu.split("/")[0], {})
+        inherited = {k: base[k] for k in GPU_WIDE if k in base and k not in values}
+        kept = {k: v for k, v in {**values, **inherited}.items() if k in names}
         kept["dummy_routed_spread"] = tuple(sorted(kept.get("dummy_routed_spread", {}).items()))
         out[gpu] = StepCalibration(**kept)
     return out

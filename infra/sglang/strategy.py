@@ -15,11 +15,11 @@ way the targeted SGLang release resolves them.
   the text-only Qwen3.5/3.6 checkpoints) skips both: `auto` stays `auto`, which the memory
   pool reads as "not extra_buffer" (`ServerArgs.enable_mamba_extra_buffer`): no_buffer's 3
   slots a request with the overlap schedule left on; an explicit extra_buffer is taken
-  unchecked. Measured on the H200 (bench/real_sglang/data/2026-12-03-h200-s16): the
+  unchecked. Measured on the H200 (docs/REAL_SGLANG.md, "two MoE hybrids"): the
   35B-A3B text shapes at default flags ran 480 slots / 3 = cap 160 with overlap on.
 
-The tables themselves come from each release's source (release_tables.py). Releases before
-the strategy was renamed (2026-06-19) resolved `auto` to no_buffer.
+The tables themselves come from each release's source (release_tables.py). Releases from before
+the strategy's rename resolve `auto` to no_buffer.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 A hybrid model can resume from a cached prefix only where a mamba state was kept, so what is
 reusable depends on `--mamba-radix-cache-strategy` (SGLang 0.5.17 on the H200, tiny
-Qwen3-Next, 48 groups x 4 prompts sharing a 1,536-token prefix;
-bench/real_sglang/data/2026-12-01-h200-s6/):
+Qwen3-Next, 48 groups x 4 prompts sharing a 1,536-token prefix; docs/REAL_SGLANG.md, "the
+limits the tuner must respect"):
 
 * extra_buffer keeps states along a cached sequence (every track interval, at chunk
   boundaries): a new prompt reuses the longest cached prefix, to a multiple of 64 tokens here
@@ -17,7 +17,7 @@ bench/real_sglang/data/2026-12-01-h200-s6/):
 
 The cache lives in the KV pool's free part: what running requests hold is not available to
 it (SGLang evicts cached prefixes least-recently-used when a new request needs the tokens).
-Through the pipeline on three servers (bench/real_sglang/data/2026-12-01-h200-s7/) that decided
+Through the pipeline on three servers (docs/REAL_SGLANG.md, "prefix affinity") that decided
 whether grouping a document's prompts onto one server paid: with each server's running requests
 filling its 400,000-token pool, 42.3 % of prompt tokens were reused with affinity off and 42.7 %
 on; with 12 clients per server, 27.6 % and 59.0 %.

@@ -176,7 +176,7 @@ def model_is_hybrid(settings: JobSettings) -> bool:
 
 # Hybrids whose first layer is a state layer: 0.5.17's triton attention backend cannot start
 # them (it refuses NemotronH and LFM2; Granite-4.0-H died with "layer_id=0 not in full attention
-# layers" on the H200, docs/REAL_SGLANG.md session 9).
+# layers" on the H200: docs/REAL_SGLANG.md, "four more families").
 NO_TRITON_ATTENTION = ("NemotronH", "Lfm2", "GraniteMoeHybrid")
 
 

@@ -10,8 +10,8 @@ per job: one that is still slow after it is the GPU itself, which the log says a
 the user (nvidia-smi), rather than restarting it again and again.
 
 A server whose process is gone (a crash, an OOM kill, a GPU error, a row that kills SGLang's
-scheduler) is started again, up to MAX_RELAUNCHES times per job; before this, a 40-hour job
-ran its remaining hours one server short, and with tuning on the watch stopped the whole
+scheduler) is started again, up to MAX_RELAUNCHES times per job: otherwise a 40-hour job
+runs its remaining hours one server short, and with tuning on the watch stops the whole
 fleet for it. A row that kills every server it reaches fails its attempts
 (`client.max_attempts`) and is written as an error row, while the fleet comes back.
 """
