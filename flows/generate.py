@@ -34,6 +34,7 @@ from infra.settings import NULL, JobSettings, load_settings
 from infra.storage import Destination, StorageError, open_destination
 from tasks.capacity import capacity_note
 from tasks.engines import engine_for, model_is_hybrid
+from tasks.feed import starved_times
 from tasks.monitor import FleetMonitor
 from tasks.run_ends import DISK_ERRNOS, BucketUnreachable, free_space_note, writing_output
 from tasks.shards import JobState, plan_shards, vocabulary_warning
@@ -134,6 +135,8 @@ def summarize(tuner: Tuner, state: JobState, totals: RunTotals, seconds: float) 
         output_tokens=totals.tokens, seconds=round(seconds, 2), tok_s=round(wall_tok_s, 1),
         tok_s_modeled_gpu_time=round(wall_tok_s / time_scale, 1), time_scale=time_scale,
         startup_s=round(totals.startup_s, 2), generating_s=round(totals.generating_s, 2),
+        client_starved_s=round(sum(b - a for a, b in starved_times(
+            tuner.state.monitor.feed_snapshot())), 1),
         servers=[ServerSummary(url=c.url, max_running_requests=c.max_running_requests,
                                max_total_num_tokens=c.max_total_num_tokens,
                                max_mamba_cache_size=c.max_mamba_cache_size) for c in caps],

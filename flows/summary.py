@@ -49,6 +49,7 @@ class RunSummary(BaseModel):
     primers: int = 0  # groups whose shared prefix went first to a no_buffer server
     startup_s: float = 0.0  # wall seconds the fleets took to come up (all epochs)
     generating_s: float = 0.0  # wall seconds spent generating (all epochs)
+    client_starved_s: float = 0.0  # wall seconds the run starved for a CPU (tasks/feed.py)
     advice: list[dict[str, Any]] = []  # engine=external: moves not made (tasks/tuning/advice.py)
 
 
@@ -64,6 +65,11 @@ def summary_lines(summary: RunSummary | dict[str, Any]) -> list[str]:
         lines.append(
             f"time: {s.startup_s:,.1f} s starting servers, {s.generating_s:,.1f} s generating "
             f"= {s.output_tokens / s.generating_s:,.1f} tok/s while generating")
+    if s.client_starved_s > 0:
+        lines.append(
+            f"client machine: CPU-starved {s.client_starved_s:,.1f} s of {s.seconds:,} s (a "
+            "thread of the run waited for a CPU ≥ 25 % of the time it could run); the tuner "
+            "judged no window in which that left a server unfed")
     if s.time_scale != 1.0:
         lines.append(
             f"simulated fleet: time_scale {s.time_scale:g} (the simulator runs "

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from infra.files import atomic_write
 from infra.sglang.client import get_metrics_text
 from infra.sglang.observe import parse_metrics
+from tasks.feed import FeedProbe, FeedSample
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,9 @@ def sample_server(name: str, url: str, api_key: str | None, t: float, epoch: int
 
 
 class FleetMonitor:
-    """A background thread that samples the fleet; `samples` grows for the whole run."""
+    """A background thread that samples the fleet; `samples` grows for the whole run, and
+    `feed` with it: this process's CPU starvation at each tick (tasks/feed.py), which tells a
+    window about the servers from one about the client machine."""
 
     def __init__(self, interval_s: float, api_key: str | None,
                  metrics: MetricsReader) -> None:
@@ -102,6 +105,8 @@ class FleetMonitor:
         self.api_key = api_key
         self.metrics = metrics  # the engine's (tasks/engines: SGLang's names)
         self.samples: list[Sample] = []
+        self.feed: list[FeedSample] = []
+        self._probe = FeedProbe()
         self._servers: dict[str, str] = {}
         self._epoch = 0
         self._lock = threading.Lock()
@@ -134,6 +139,7 @@ class FleetMonitor:
                  for n, u in servers.items()]
         with self._lock:
             self.samples.extend(fresh)
+            self.feed.append(self._probe.read(t))
         return fresh
 
     def _run(self) -> None:
@@ -143,6 +149,10 @@ class FleetMonitor:
     def snapshot(self) -> list[Sample]:
         with self._lock:
             return list(self.samples)
+
+    def feed_snapshot(self) -> list[FeedSample]:
+        with self._lock:
+            return list(self.feed)
 
     def write(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)

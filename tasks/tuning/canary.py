@@ -26,6 +26,7 @@ from tasks.monitor import FleetMonitor, Sample
 from tasks.rolling import RollingFleet
 from tasks.tuning.diagnosis import window_stats
 from tasks.tuning.judge import Verdict, group_rates, judge
+from tasks.tuning.underfed import underfed
 
 # Windows from a canary's start: one of warm-up, at least two judged, and at most this many
 # before the judge must decide (tasks/tuning/judge.py: turnover and noise, else keep).
@@ -58,6 +59,7 @@ class CanaryCycle:
     control_cache_hit: float | None = None
     note: str = ""
     restarted: list[float] = field(default_factory=list)  # each restart's time out of dispatch
+    starved_waits: int = 0  # windows not judged: the client machine starved (tasks/feed.py)
 
     @property
     def server_restarts(self) -> int:
@@ -247,15 +249,32 @@ class CanaryRun:
         self._wait_or_end(MIN_JUDGE_WINDOWS * window)
         while True:
             now = self.monitor.now()
+            final = now - up >= MAX_JUDGE_WINDOWS * window
+            starved = underfed(self.monitor.snapshot(), self.monitor.feed_snapshot(), since,
+                               now, self._caps())
+            if starved is not None and not final:
+                # The span starts again after the starved stretch: no verdict on the client.
+                self.logger.info("canary on %s not judged: %s; waiting",
+                                 ", ".join(cycle.canary_servers), starved)
+                cycle.starved_waits += 1
+                since = now
+                self._wait_or_end(window)
+                continue
             verdict = judge(self.monitor.snapshot(), since, now, set(cycle.canary_servers),
-                            self.time_scale, current.tuning.canary_min_gain,
-                            final=now - up >= MAX_JUDGE_WINDOWS * window)
+                            self.time_scale, current.tuning.canary_min_gain, final=final)
+            if starved is not None:  # out of time with only a starved span: keep, say why
+                verdict = Verdict("keep", verdict.gain, verdict.noise, verdict.turned_over,
+                                  f"no span the client fed ({starved})")
             if verdict.decision != "wait":
                 break
             self._wait_or_end(window)
         self._judge(cycle, since)
         cycle.note = verdict.reason
         return verdict
+
+    def _caps(self) -> dict[str, int]:
+        """Each server's request cap as it runs now (the canary's its new one)."""
+        return {f"server-{c.index}": c.max_running_requests for c in self.fleet.capacities()}
 
     def _wait_or_end(self, seconds: float) -> None:
         self.abort.wait(seconds)

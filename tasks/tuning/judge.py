@@ -16,8 +16,9 @@ control's 109, and a winning move was rolled back. Two guards:
   stay under the bar; otherwise the judge waits for more, up to a time bound, after which
   the current configuration is kept ("keep": evidence that does not decide does not move).
 
-A starved client CPU slows both groups' scrapes alike and only widens the noise, so it can
-delay a verdict but not flip one.
+A span in which a CPU-starved client left servers unfed measures the client machine, not the
+move: the canary (tasks/tuning/canary.py) starts its span again after one
+(tasks/tuning/underfed.py) before asking for a verdict.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from tasks.tuning.diagnosis import (
 )
 from tasks.tuning.judge import turnover_start
 from tasks.tuning.policy import Proposal
+from tasks.tuning.underfed import fed_samples, underfed
 
 LOOKBACK_WINDOWS = 20  # the furthest a measurement looks back for a turnover
 
@@ -93,6 +94,7 @@ class RegressionWatch:
         self.result = WatchResult()
         self._slow_checks = 0
         self._turned_over = False  # the last measurement's span held a full turnover
+        self._span = (0.0, 0.0)  # the last measurement's [since, until]
         self._done = threading.Event()  # also the canary's abort: set when the epoch ends
         self._started = monitor.now()
         # With the flow run's context, so what a canary cycle logs and records (artifacts)
@@ -118,8 +120,9 @@ class RegressionWatch:
         self._thread.join()
         if not self.result.triggered:
             self._measure()
-        steady = steady_tok_s_per_gpu(self.monitor.snapshot(), self._started + self.window_s / 2,
-                                      self.time_scale)
+        # (ticks at which a starved client left a server with room unfed measure the client)
+        fed = fed_samples(self.monitor.snapshot(), self.monitor.feed_snapshot(), self.caps)
+        steady = steady_tok_s_per_gpu(fed, self._started + self.window_s / 2, self.time_scale)
         if steady is not None and not self.result.triggered:
             self.result.measured_tok_s_per_gpu = steady
         return self.result
@@ -137,6 +140,7 @@ class RegressionWatch:
         self._turned_over = start is not None
         if start is not None:
             since = min(since, start)
+        self._span = (since, now)
         windows = window_stats(samples, since, self.time_scale)
         diag = diagnose(windows, self.caps, self.plan)
         self.result.diagnosis = diag
@@ -210,6 +214,11 @@ class RegressionWatch:
         self.result.required_gain = need
         if diag.kind == "unhealthy":
             return f"unhealthy: {diag.evidence}"
+        starved = underfed(self.monitor.snapshot(), self.monitor.feed_snapshot(), *self._span,
+                           self.caps)
+        if starved is not None:  # no decision on a window about the client machine
+            self.result.last_check = f"not judged: {starved}; waiting"
+            return ""
         if not self._turned_over:  # no decision on a wave
             self.result.last_check = (f"{diag.kind} at {tok:,.0f} tok/s per GPU: waiting "
                                       "for every server to turn its batch over")
