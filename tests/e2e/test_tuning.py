@@ -95,8 +95,9 @@ def test_canary_that_loses_is_rolled_back_while_the_fleet_keeps_generating(
     # A bar no move can clear: the canary must go back, the other three never stop. The
     # client keeps a queue of 9 over the cap of 31 (cap + 1 would leave the diagnosis to the
     # client machine's speed: a busy one reads client-bound).
+    # 3,000 rows: alone, the cycle ends ~29 s into a run that 5,000 rows made 89 s long.
     summary, out = run(
-        tmp_path, 5000, 4, model="qwen3.6-27b-fp8", **{
+        tmp_path, 3000, 4, model="qwen3.6-27b-fp8", **{
             "sim.gpu": "rtx-pro-6000", "sim.time_scale": 20.0,
             "server.mamba_strategy": "extra_buffer", "client.concurrency_per_server": 40,
             "sampling.max_new_tokens": 1024, "tuning.canary_min_gain": 50.0,
