@@ -223,6 +223,15 @@ class RegressionWatch:
             self.result.last_check = (f"{diag.kind} at {tok:,.0f} tok/s per GPU: waiting "
                                       "for every server to turn its batch over")
             return ""
+        if diag.kind == "client-bound" and self.baseline and tok < 0.95 * self.baseline:
+            # Servers with room and nothing queued did not get the work to show their speed:
+            # a window that says nothing about the configuration is no reason to roll it back
+            # (a loaded client machine once took a 3.6x move back to its start this way).
+            self._slow_checks = 0
+            self.result.last_check = (f"client-bound at {tok:,.0f} tok/s per GPU, below the "
+                                      f"best earlier config's {self.baseline:,.0f}: not a "
+                                      f"rollback ({diag.evidence})")
+            return ""
         if self.baseline and tok < 0.95 * self.baseline and self.baseline >= need * tok:
             # Two checks in a row: one slow window can be ramp-up or a noisy neighbour.
             self._slow_checks += 1

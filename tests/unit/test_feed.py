@@ -169,3 +169,17 @@ def test_a_canary_is_judged_only_once_the_client_feeds_the_servers() -> None:
 def test_a_canary_the_client_never_fed_is_kept_out() -> None:
     _, verdict, _ = _await(starved_until=1e9)
     assert verdict.decision == "keep" and "no span the client fed" in verdict.reason
+
+
+def test_a_config_whose_servers_were_not_fed_is_not_rolled_back() -> None:
+    from tasks.tuning.diagnosis import Diagnosis
+
+    watch = RegressionWatch(_monitor([], []), WatchTargets(CAPS, None, window_s=4.0,
+                                                           baseline_tok_s_per_gpu=518.0),
+                            True, None, lambda d: 1.0)
+    watch._turned_over = True
+    unfed = Diagnosis("client-bound", "running 20 of cap 122, queue 0.3", 279.0)
+    assert [watch._reason(unfed) for _ in range(3)] == ["", "", ""]
+    assert "not a rollback" in watch.result.last_check
+    full = Diagnosis("mamba-bound", "running 122 of cap 122, queue 4", 279.0)
+    assert watch._reason(full) == "" and watch._reason(full).startswith("rollback")
