@@ -23,7 +23,8 @@ RECORD_KEYS = (
     "gen_throughput", "input_throughput", "new_seq", "new_token", "cached_token", "accept_len",
     "accept_rate", "graph", "pending_token", "max_total_num_tokens", "max_running_requests",
     "max_mamba_cache_size", "mamba_slots_per_request", "context_len", "version",
-    "retracted_req", "paused_req", "cache_hit_rate",
+    "retracted_req", "paused_req", "cache_hit_rate", "new_tokens_gained", "mamba_num_gained",
+    "new_token_ratio",
 )
 READY_LINE = "The server is fired up and ready to roll!"
 
@@ -33,6 +34,7 @@ READY_LINE = "The server is fired up and ready to roll!"
 _MESSAGE = re.compile(
     r"(?P<msg>(?:Prefill|Prefil|Decode) batch\b.*|max_total_num_tokens=.*"
     r"|Mamba Cache is allocated.*|KV Cache is allocated.*|max_running_requests is capped to.*"
+    r"|Decode out of memory happened\..*|KV cache pool is full\. Retract requests\..*"
     r"|The server is fired up and ready to roll!)$")
 _STAMP = re.compile(r"(?P<ts>\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?)")
 _TIME_ONLY = re.compile(r"(?P<ts>\b\d{2}:\d{2}:\d{2}(?:[.,]\d+)?)")
@@ -47,6 +49,13 @@ _KV_PAIR = re.compile(r"^\s*(?P<key>[#A-Za-z][^:]*?)\s*:\s*(?P<value>.+?)\s*$")
 _EQ_PAIR = re.compile(r"(?P<key>[a-z_]+)=(?P<value>[^,\s]+)")
 _MAMBA_SIZE = re.compile(r"max_mamba_cache_size:\s*(\d+)")
 _KV_TOKENS = re.compile(r"#tokens:\s*(\d+)")
+# A decode batch the KV (or, since 0.5.10, mamba) pool could not hold: the scheduler took
+# requests back. 0.2-0.4.9: "Decode out of memory happened. #retracted_reqs: N, #new_token_ratio:
+# a -> b"; 0.4.10 on: "KV cache pool is full. Retract requests. …", 0.5.10 on with
+# "#new_tokens_gained: G[, #mamba_num_gained: M]" (scheduler.py, update_running_batch).
+_RETRACT = re.compile(r"#retracted_reqs: (?P<n>\d+)(?:, #new_tokens_gained: (?P<gained>-?\d+))?"
+                      r"(?:, #mamba_num_gained: (?P<mamba>-?\d+))?"
+                      r"(?:, #new_token_ratio: [\d.]+ -> (?P<ratio>[\d.]+))?")
 
 BATCH_LABELS: dict[str, str] = {  # label as SGLang prints it → record key
     "#running-req": "running_req", "#queue-req": "queue_req", "token usage": "token_usage",
@@ -106,6 +115,8 @@ def parse_log_line(line: str) -> Record | None:
 
 
 def _message_record(msg: str) -> Record | None:
+    if msg.startswith(("Decode out of memory", "KV cache pool is full")):
+        return _retract_record(msg)
     batch = _BATCH.match(msg)
     if batch:
         record = new_record("decode" if batch["kind"] == "Decode" else "prefill")
@@ -137,6 +148,18 @@ def _message_record(msg: str) -> Record | None:
         record["mamba_slots_per_request"] = int(capped["per"])
     else:
         return new_record("ready")
+    return record
+
+
+def _retract_record(msg: str) -> Record | None:
+    found = _RETRACT.search(msg)
+    if found is None:
+        return None
+    record = new_record("retract")
+    record["retracted_req"] = int(found["n"])
+    record["new_tokens_gained"] = int(found["gained"]) if found["gained"] else None
+    record["mamba_num_gained"] = int(found["mamba"]) if found["mamba"] else None
+    record["new_token_ratio"] = float(found["ratio"]) if found["ratio"] else None
     return record
 
 

@@ -202,7 +202,7 @@ class SimScheduler:
             return
         keep = sorted(self.running, key=lambda r: (r.generated, -r.prompt_tokens), reverse=True)
         retracted: list[SimRequest] = []
-        used = self._kv_used()
+        used = before = self._kv_used()
         while len(keep) > 1 and total - used < len(keep) * accept:
             req = keep.pop()
             used -= req.prompt_tokens + int(req.generated)
@@ -218,10 +218,15 @@ class SimScheduler:
         self.stats.retracted_total += len(retracted)
         written = sum(int(r.generated) for r in keep)
         allowed = sum(r.max_new_tokens or r.target_tokens for r in keep)
+        old_ratio = self.stats.new_token_ratio
         self.stats.new_token_ratio = min(1.0, (written + RETRACT_DECODE_STEPS * len(keep))
                                          / (allowed + 1))
+        # 0.5.17's line (scheduler.py, update_running_batch), the mamba slots on a hybrid
+        mamba = (f", #mamba_num_gained: {len(retracted) * self._slots_per_request}"
+                 if self.plan.mamba_slots else "")
         self.log(f"KV cache pool is full. Retract requests. #retracted_reqs: {len(retracted)}"
-                 f", #new_token_ratio: {self.stats.new_token_ratio:.4f}")
+                 f", #new_tokens_gained: {int(before - used)}{mamba}"
+                 f", #new_token_ratio: {old_ratio:.4f} -> {self.stats.new_token_ratio:.4f}")
 
     async def _sleep_modeled(self, modeled: float) -> None:
         """Sleep so that wall time tracks modeled time / time_scale *cumulatively*: the

@@ -181,3 +181,39 @@ def test_every_line_of_the_real_0517_logs_is_read() -> None:
         assert sum(r["kind"] in ("prefill", "decode") for r in records) == batches, path.name
         if "is capped to" in text:
             assert any(r["mamba_slots_per_request"] for r in records), path.name
+
+
+REAL = Path(__file__).resolve().parents[2] / "bench" / "real_sglang" / "data"
+
+
+@pytest.mark.parametrize("run", [("2026-12-02-h200-s9", "long27r", "q27b_nb450_kv50k"),
+                                 ("2026-12-02-h200-s13", "q27ebr", "q27b_eb300_kv50k")])
+def test_retraction_lines_add_up_to_the_servers_retraction_counter(
+        run: tuple[str, str, str]) -> None:
+    """Real SGLang 0.5.17 servers that retracted (a KV pool too small for long outputs): each
+    `KV cache pool is full. Retract requests.` line parses, and their requests sum to the
+    server's own `sglang:num_retracted_requests_total` at the end of the run."""
+    import gzip
+    import json
+
+    folder, plan, server = run
+    log = gzip.decompress((REAL / folder / f"{plan}-{server}.log.gz").read_bytes()).decode()
+    lines = [r for r in parse_log(log) if r["kind"] == "retract"]
+    assert len(lines) == log.count("Retract requests.") > 0
+    assert all(r["new_tokens_gained"] > 0 and r["mamba_num_gained"] is not None
+               and 0 < r["new_token_ratio"] <= 1 for r in lines)
+    results = json.loads(gzip.decompress((REAL / folder / f"{plan}.results.json.gz")
+                                         .read_bytes()))
+    counter = max(m.get("sglang:num_retracted_requests_total", 0.0)
+                  for rec in results if rec["name"] == server
+                  for r in rec["runs"] for m in r["metrics"])
+    assert sum(r["retracted_req"] for r in lines) == counter
+
+
+def test_older_releases_retraction_line_parses() -> None:
+    """0.2-0.4.9 said "Decode out of memory happened." (scheduler.py of those wheels)."""
+    line = ("[2024-08-01 10:00:01 TP0] Decode out of memory happened. #retracted_reqs: 1, "
+            "#new_token_ratio: 0.3000 -> 0.4500")
+    record = parse_log_line(line)
+    assert record is not None and record["kind"] == "retract"
+    assert (record["retracted_req"], record["new_token_ratio"], record["rank"]) == (1, 0.45, "TP0")

@@ -145,3 +145,21 @@ def test_retractions_per_request_as_real_sglang(clients: int, ignore_eos: bool) 
         assert sim <= 0.03, (sim, want)
     else:
         assert 0.5 * want <= sim <= 2 * want, (sim, want)
+
+
+def test_a_retraction_is_logged_as_real_sglang_logs_it() -> None:
+    """The simulator's retraction line parses as 0.5.17's does (infra/sglang/observe.py, held
+    to the real servers' logs in test_observe.py), with every field real SGLang fills in, and
+    the lines sum to the scheduler's own count."""
+    from infra.sglang.observe import parse_log
+
+    lines: list[str] = []
+    eng = engine("extra_buffer", 1e7, max_total_tokens=24576, max_running_requests=256,
+                 max_mamba_cache_size=1400)
+    eng.log = lines.append
+    eng.max_chunk_steps = 1
+    total = asyncio.run(closed_loop(eng, 96, 192, True))
+    records = [r for r in parse_log("\n".join(lines)) if r["kind"] == "retract"]
+    assert total > 0 and sum(r["retracted_req"] for r in records) == total
+    assert all(r["new_tokens_gained"] > 0 and r["mamba_num_gained"] > 0
+               and 0 < r["new_token_ratio"] <= 1 for r in records)
