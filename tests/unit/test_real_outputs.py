@@ -2,11 +2,12 @@
 data (bench/real_sglang/data/2026-12-01-h200-s5/outputs): 400 prompts with integer ids and a
 `topic` column, n = 2, stop "\\n\\n" for the job, a JSON schema on every other row.
 
-What it showed: ids, columns and samples came through (800 rows, each (id, sample) once,
-Int64 ids, topics as given, the two samples of every prompt different); and the job's stop
-string, applied to the constrained rows too, ended 338 of their 400 outputs mid-object —
-xgrammar lets JSON carry whitespace, and random weights emit plenty. Since then the job's
-stop strings are not sent with constrained rows (tasks/requests.py)."""
+Ids, columns and samples came through (800 rows, each (id, sample) once, Int64 ids, topics as
+given, the two samples of every prompt different). The job's stop string, sent with the
+constrained rows too, ended 338 of their 400 outputs mid-object (xgrammar lets JSON carry
+whitespace, random weights emit plenty): the request builder of tasks/requests.py is held to
+those rows — what it sends for them today carries no stop string, and what it sends for the
+unconstrained ones still carries the job's."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import json
 from pathlib import Path
 
 import polars as pl
+
+from tasks.requests import DispatchOptions, build_request
 
 DATA = (Path(__file__).resolve().parents[2] / "bench" / "real_sglang" / "data"
         / "2026-12-01-h200-s5" / "outputs")
@@ -42,11 +45,32 @@ def test_ids_columns_and_samples_came_through_real_sglang() -> None:
     assert all(list(v) == [0, 1] for v in seeds["sampling_params"])
 
 
-def test_the_stop_string_cut_constrained_rows_short() -> None:
-    rows = pl.read_parquet(DATA / "rows.parquet").filter(pl.col("json_schema").is_not_null())
-    ok = rows["completion"].map_elements(parses, return_dtype=pl.Boolean)
-    assert rows.height == 400 and int(ok.sum()) == 62
-    cut = rows.filter(~ok)
-    assert set(cut["finish_reason"]) == {"stop"}  # ended by the stop string, not by length
+def _sent_params(row: dict[str, object], sample: int) -> dict[str, object]:
+    """The sampling parameters today's builder sends for a recorded row, with the run's job
+    sampling (its stop string among them)."""
+    job = json.loads(row["sampling_params"])  # type: ignore[arg-type]
+    opts = DispatchOptions("tiny", None, {"max_new_tokens": job["max_new_tokens"],
+                                          "temperature": job["temperature"],
+                                          "top_p": job["top_p"], "stop": ["\n\n"],
+                                          "seed": 0}, 60.0, 1, 0.0, samples=2)
+    source = {"id": row["id"], "prompt": "p", "json_schema": row["json_schema"]}
+    _, body = build_request(source, opts, sample)
+    params: dict[str, object] = body["sampling_params"]
+    return params
+
+
+def test_the_rows_the_stop_string_cut_are_now_sent_without_it() -> None:
+    rows = pl.read_parquet(DATA / "rows.parquet")
+    constrained = rows.filter(pl.col("json_schema").is_not_null())
+    ok = constrained["completion"].map_elements(parses, return_dtype=pl.Boolean)
+    cut = constrained.filter(~ok)
+    # what the run sent them: the job's stop, and each was ended by it mid-object
+    assert constrained.height == 400 and cut.height == 338
+    assert set(cut["finish_reason"]) == {"stop"}
     assert all(json.loads(s)["stop"] == ["\n\n"] for s in cut["sampling_params"])
-    assert all(c.lstrip().startswith("{") for c in cut["completion"])  # JSON, cut mid-way
+    for row in cut.iter_rows(named=True):
+        sent = _sent_params(row, row["sample_index"])
+        assert "stop" not in sent and sent["json_schema"] == row["json_schema"]
+        assert sent["sampling_seed"] == json.loads(row["sampling_params"])["sampling_seed"]
+    free = rows.filter(pl.col("json_schema").is_null()).row(0, named=True)
+    assert _sent_params(free, 0)["stop"] == ["\n\n"]
