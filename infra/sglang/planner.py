@@ -1,7 +1,8 @@
 """What-if planning over server flags: the alternatives a user (or the tuning policy) weighs.
 
 Each alternative is the current flags with one lever moved (strategy, mamba share, mem
-fraction, MTP, SSM dtype) or the combined seed-000 move, evaluated with the memory model and
+fraction, MTP, SSM dtype) or three of them together (no_buffer, mem 0.90, cap 128: the fix
+the first real run's write-up made by hand), evaluated with the memory model and
 the roofline, so they compare on predicted max_running_requests and tok/s per GPU.
 """
 
@@ -137,7 +138,7 @@ def candidate_flags(model: ModelProfile, flags: ServerFlags, current: MemoryPlan
         out.append((f"max_running_requests {flags.max_running_requests}→{room} (what the "
                     "pools hold)", flags.with_changes(max_running_requests=room)))
     if model.hybrid:
-        out.append(("seed-000 move: no_buffer, mem 0.90, MRR 128", flags.with_changes(
+        out.append(("no_buffer + mem 0.90 + cap 128 together", flags.with_changes(
             mamba_strategy="no_buffer", mem_fraction_static=max(m, 0.90),
             max_running_requests=128, max_mamba_cache_size=None)))
     return out
