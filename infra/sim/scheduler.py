@@ -28,6 +28,7 @@ from infra.sglang.roofline import Roofline
 from infra.sim.metrics import INIT_NEW_TOKEN_RATIO, EngineStats, RequestLatencies
 from infra.sim.prefix_cache import PrefixCache
 from infra.sim.running_set import RunningSet
+from infra.sim.scheduler_log import decode_line, prefill_line, retract_line, usage_part
 from infra.sim.sim_request import SchedulerOptions, SimRequest, Turn, tracking_slots
 
 __all__ = ["SchedulerOptions", "SimRequest", "SimScheduler", "tracking_slots"]
@@ -221,12 +222,9 @@ class SimScheduler:
         old_ratio = self.stats.new_token_ratio
         self.stats.new_token_ratio = min(1.0, (written + RETRACT_DECODE_STEPS * len(keep))
                                          / (allowed + 1))
-        # 0.5.17's line (scheduler.py, update_running_batch), the mamba slots on a hybrid
-        mamba = (f", #mamba_num_gained: {len(retracted) * self._slots_per_request}"
-                 if self.plan.mamba_slots else "")
-        self.log(f"KV cache pool is full. Retract requests. #retracted_reqs: {len(retracted)}"
-                 f", #new_tokens_gained: {int(before - used)}{mamba}"
-                 f", #new_token_ratio: {old_ratio:.4f} -> {self.stats.new_token_ratio:.4f}")
+        mamba = len(retracted) * self._slots_per_request if self.plan.mamba_slots else None
+        self.log(retract_line(len(retracted), int(before - used), mamba, old_ratio,
+                              self.stats.new_token_ratio))
 
     async def _sleep_modeled(self, modeled: float) -> None:
         """Sleep so that wall time tracks modeled time / time_scale *cumulatively*: the
@@ -368,26 +366,15 @@ class SimScheduler:
         return self.stats.mamba_used / max(1, self.plan.mamba_slots)
 
     def _usage_part(self, decode: bool) -> str:
-        mamba = self.mamba_usage()
-        if mamba is None:
-            return (f"#token: {self.stats.kv_used_tokens}, token usage: {self.kv_usage():.2f}"
-                    if decode else f"token usage: {self.kv_usage():.2f}")
-        if decode:
-            return (f"#full token: {self.stats.kv_used_tokens}, full token usage: "
-                    f"{self.kv_usage():.2f}, mamba num: {self.stats.mamba_used}, "
-                    f"mamba usage: {mamba:.2f}")
-        return f"full token usage: {self.kv_usage():.2f}, mamba usage: {mamba:.2f}"
+        return usage_part(self.stats, self.kv_usage(), self.mamba_usage(), decode)
 
     def _log_prefill(self, tokens: int) -> None:
         self._publish()
         pending = sum(r.prompt_tokens for r in self.waiting)
         throughput = tokens / max(self.roofline.prefill_s(tokens), 1e-9)
-        self.log(
-            f"Prefill batch, #new-seq: {self._last_admitted()}, #new-token: {tokens}, "
-            f"#cached-token: {self._last_cached}, {self._usage_part(decode=False)}, "
-            f"#running-req: {self.stats.running}, #queue-req: {self.stats.queued}, "
-            f"#pending-token: {pending}, cuda graph: False, "
-            f"input throughput (token/s): {throughput:.2f}")
+        self.log(prefill_line(self.stats, self._usage_part(decode=False),
+                              self._last_admitted(), tokens, self._last_cached, pending,
+                              throughput))
 
     def _last_admitted(self) -> int:
         return self.running.just_admitted()
@@ -399,7 +386,5 @@ class SimScheduler:
             rate = (accept - 1) / max(1, self.plan.draft_tokens - 1)
             spec = f"accept len: {accept:.2f}, accept rate: {rate:.2f}, "
         graph = self.roofline.graphed(len(self.running))
-        self.log(
-            f"Decode batch, #running-req: {len(self.running)}, {self._usage_part(decode=True)}, "
-            f"{spec}cuda graph: {graph}, gen throughput (token/s): "
-            f"{self.stats.gen_throughput:.2f}, #queue-req: {len(self.waiting)}")
+        self.log(decode_line(self.stats, self._usage_part(decode=True), len(self.running),
+                             len(self.waiting), graph, spec))

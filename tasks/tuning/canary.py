@@ -26,7 +26,7 @@ from tasks.monitor import FleetMonitor, Sample
 from tasks.rolling import RollingFleet
 from tasks.tuning.diagnosis import window_stats
 from tasks.tuning.judge import Verdict, group_rates, judge
-from tasks.tuning.underfed import underfed
+from tasks.tuning.underfed import feedable, underfed
 
 # Windows from a canary's start: one of warm-up, at least two judged, and at most this many
 # before the judge must decide (tasks/tuning/judge.py: turnover and noise, else keep).
@@ -251,7 +251,7 @@ class CanaryRun:
             now = self.monitor.now()
             final = now - up >= MAX_JUDGE_WINDOWS * window
             starved = underfed(self.monitor.snapshot(), self.monitor.feed_snapshot(), since,
-                               now, self._caps())
+                               now, self._room())
             if starved is not None and not final:
                 # The span starts again after the starved stretch: no verdict on the client.
                 self.logger.info("canary on %s not judged: %s; waiting",
@@ -272,9 +272,11 @@ class CanaryRun:
         cycle.note = verdict.reason
         return verdict
 
-    def _caps(self) -> dict[str, int]:
-        """Each server's request cap as it runs now (the canary's its new one)."""
-        return {f"server-{c.index}": c.max_running_requests for c in self.fleet.capacities()}
+    def _room(self) -> dict[str, int]:
+        """What each server may be given at once as it runs now (the canary's its new cap)."""
+        caps = {f"server-{c.index}": c.max_running_requests for c in self.fleet.capacities()}
+        return feedable(caps, {f"server-{i}": s.client.concurrency_per_server
+                               for i, s in self.fleet.config.items()})
 
     def _wait_or_end(self, seconds: float) -> None:
         self.abort.wait(seconds)

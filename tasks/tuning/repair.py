@@ -56,7 +56,7 @@ def asymmetry_handler(state: TunerState, fleet: RollingFleet, epoch: int,
         if not todo:
             return False
         caps = state.capacities_changed(epoch, fleet.capacities())
-        watch.reconfigured(caps, state.memory_plan(), watch.baseline)
+        watch.reconfigured(caps, state.memory_plan(), watch.baseline, watch.concurrency)
         return True
 
     return handle
@@ -133,7 +133,7 @@ def relaunch_handler(state: TunerState, fleet: RollingFleet, epoch: int,
                 relaunching.clear()
         if relaunched:
             caps = state.capacities_changed(epoch, fleet.capacities())
-            watch.reconfigured(caps, state.memory_plan(), watch.baseline)
+            watch.reconfigured(caps, state.memory_plan(), watch.baseline, watch.concurrency)
         return relaunched
 
     fleet.control.revival = may_revive

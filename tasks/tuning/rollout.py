@@ -83,7 +83,8 @@ def _rolled_out(move: Move, state: TunerState, fleet: RollingFleet,
     other = state.ledger.best(config_key(move.candidate.server,
                                          move.candidate.client.concurrency_per_server))
     watch.reconfigured(caps, state.memory_plan(move.candidate),
-                       other.tok_s_per_gpu if other else None)
+                       other.tok_s_per_gpu if other else None,
+                       move.candidate.client.concurrency_per_server)
 
 
 def rollout_pays(watch: RegressionWatch, diag: Diagnosis,

@@ -168,7 +168,8 @@ class Tuner:
             WatchTargets({f"server-{c.index}": c.max_running_requests for c in caps},
                          state.memory_plan(), state.time_scale, settings.tuning.window_s,
                          settings.tuning.target_tok_s_per_gpu,
-                         best.tok_s_per_gpu if best else None),
+                         best.tok_s_per_gpu if best else None,
+                         settings.client.concurrency_per_server),
             self._may_move(work, len(caps)), self._proposer(), pace.gain_needed)
         watch.work_left_s = pace.work_left_s
         # one line per changed verdict, else one per ten windows of wall clock

@@ -2,9 +2,10 @@
 
 The client is starved (tasks/feed.py: a thread of the orchestrator waited for a CPU a quarter
 of its runnable time or more) *and* a server had room it was not given: nothing queued and
-fewer running than its cap. Either alone is no reason: a starved client that keeps every
-queue non-empty still feeds the servers, and servers with room beside an unstarved client
-are the client's concurrency (`client-bound`, a move the tuner may make).
+fewer running than it may be given (its cap, or the client's concurrency per server where
+that is lower). Either alone is no reason: a starved client that keeps every queue non-empty
+still feeds the servers, and servers with room beside an unstarved client are the client's
+concurrency (`client-bound`, a move the tuner may make).
 """
 
 from __future__ import annotations
@@ -12,24 +13,32 @@ from __future__ import annotations
 from tasks.feed import FeedSample, during, starved_span, starved_times
 from tasks.monitor import Sample
 
-ROOM = 0.9  # fewer running than this share of the cap, with nothing queued: room left
+ROOM = 0.9  # fewer running than this share of what it may be given, nothing queued: room
 
 
-def _hungry(sample: Sample, caps: dict[str, int]) -> bool:
-    cap = caps.get(sample.server)
-    return (sample.alive and (sample.queued or 0) < 1 and cap is not None
-            and (sample.running or 0) < ROOM * cap)
+def feedable(caps: dict[str, int], concurrency: dict[str, int | None]) -> dict[str, int]:
+    """What each server may be given at once: its cap, or the client's concurrency for it
+    where that is lower (a server held below its cap by the client's setting is not starved
+    by the client machine)."""
+    return {name: min(cap, concurrency.get(name) or cap) for name, cap in caps.items()}
+
+
+def _hungry(sample: Sample, room: dict[str, int]) -> bool:
+    most = room.get(sample.server)
+    return (sample.alive and (sample.queued or 0) < 1 and most is not None
+            and (sample.running or 0) < ROOM * most)
 
 
 def underfed(samples: list[Sample], feed: list[FeedSample], since: float, until: float,
-             caps: dict[str, int]) -> str | None:
-    """Why [since, until] does not measure the servers (None: it does)."""
+             room: dict[str, int]) -> str | None:
+    """Why [since, until] does not measure the servers (None: it does); `room`: what each
+    server may be given at once (`feedable`)."""
     starved = [(a, b) for a, b in starved_times(feed) if b > since and a <= until]
     if not starved:
         return None
     share = starved_span([f for f in feed if f.starved], since, until) or 0.0
     hungry = sorted({s.server for s in samples if since <= s.t <= until
-                     and during(s.t, starved) and _hungry(s, caps)})
+                     and during(s.t, starved) and _hungry(s, room)})
     if not hungry:
         return None
     return (f"the client was CPU-starved (a thread of it waited for a CPU {share:.0%} of its "
@@ -38,10 +47,10 @@ def underfed(samples: list[Sample], feed: list[FeedSample], since: float, until:
 
 
 def fed_samples(samples: list[Sample], feed: list[FeedSample],
-                caps: dict[str, int]) -> list[Sample]:
+                room: dict[str, int]) -> list[Sample]:
     """The samples that measure the servers: those of a server with room and nothing queued
     while the client was starved are left out."""
     starved = starved_times(feed)
     if not starved:
         return samples
-    return [s for s in samples if not (during(s.t, starved) and _hungry(s, caps))]
+    return [s for s in samples if not (during(s.t, starved) and _hungry(s, room))]

@@ -22,7 +22,7 @@ from tasks.tuning.diagnosis import (
 )
 from tasks.tuning.judge import turnover_start
 from tasks.tuning.policy import Proposal
-from tasks.tuning.underfed import fed_samples, underfed
+from tasks.tuning.underfed import fed_samples, feedable, underfed
 
 LOOKBACK_WINDOWS = 20  # the furthest a measurement looks back for a turnover
 
@@ -50,6 +50,7 @@ class WatchTargets:
     window_s: float = 30.0
     target_tok_s_per_gpu: float | None = None
     baseline_tok_s_per_gpu: float | None = None
+    concurrency_per_server: int | None = None  # the client's setting (None: cap + queue)
 
 
 class RegressionWatch:
@@ -64,6 +65,7 @@ class RegressionWatch:
                  gain_needed: Callable[[Diagnosis], float] | None = None) -> None:
         self.monitor = monitor
         self.caps = targets.caps
+        self.concurrency = targets.concurrency_per_server
         self.plan = targets.plan
         self.time_scale = targets.time_scale
         self.window_s = targets.window_s
@@ -121,7 +123,7 @@ class RegressionWatch:
         if not self.result.triggered:
             self._measure()
         # (ticks at which a starved client left a server with room unfed measure the client)
-        fed = fed_samples(self.monitor.snapshot(), self.monitor.feed_snapshot(), self.caps)
+        fed = fed_samples(self.monitor.snapshot(), self.monitor.feed_snapshot(), self._room())
         steady = steady_tok_s_per_gpu(fed, self._started + self.window_s / 2, self.time_scale)
         if steady is not None and not self.result.triggered:
             self.result.measured_tok_s_per_gpu = steady
@@ -148,13 +150,20 @@ class RegressionWatch:
         return diag
 
     def reconfigured(self, caps: dict[str, int], plan: MemoryPlan | None,
-                     baseline_tok_s_per_gpu: float | None) -> None:
+                     baseline_tok_s_per_gpu: float | None,
+                     concurrency_per_server: int | None = None) -> None:
         """The fleet changed config under the watch (a rollout): judge the new one afresh."""
         self.caps, self.plan = caps, plan
+        self.concurrency = concurrency_per_server
         self.baseline = baseline_tok_s_per_gpu
         self._started = self.monitor.now()
         self._slow_checks = 0
         self._slow_streak = {}
+
+    def _room(self) -> dict[str, int]:
+        """What each server may be given at once: a starved client is no reason to wait
+        where the client's own setting holds a server below its cap."""
+        return feedable(self.caps, dict.fromkeys(self.caps, self.concurrency))
 
     def _run(self) -> None:
         first_check = self._started + 1.5 * self.window_s
@@ -215,7 +224,7 @@ class RegressionWatch:
         if diag.kind == "unhealthy":
             return f"unhealthy: {diag.evidence}"
         starved = underfed(self.monitor.snapshot(), self.monitor.feed_snapshot(), *self._span,
-                           self.caps)
+                           self._room())
         if starved is not None:  # no decision on a window about the client machine
             self.result.last_check = f"not judged: {starved}; waiting"
             return ""

@@ -60,7 +60,7 @@ def test_inspect_json_records_have_the_documented_keys() -> None:
     proc = cli("inspect", str(FIXTURES / "sglang-samples" / "logs.txt"), "--json")
     assert proc.returncode == 0, proc.stderr
     records = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert records and all(len(r) == len(RECORD_KEYS) == 31 for r in records)
+    assert records and all(len(r) == len(RECORD_KEYS) == 34 for r in records)
     assert {r["kind"] for r in records} >= {"decode", "prefill", "startup", "ready"}
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from tasks.feed import FeedProbe, FeedSample, slowed_share, starved_times
 from tasks.monitor import FleetMonitor, Sample, SGLangMetrics
 from tasks.tuning.canary import CanaryCycle, CanaryRun
-from tasks.tuning.underfed import fed_samples, underfed
+from tasks.tuning.underfed import fed_samples, feedable, underfed
 from tasks.tuning.watch import RegressionWatch, WatchTargets
 
 
@@ -67,6 +67,18 @@ def test_starvation_alone_or_room_alone_is_no_reason() -> None:
     assert underfed(_samples(0, 10, 20, 0), [], 2.0, 10.0, CAPS) is None
 
 
+def test_a_server_the_clients_own_setting_holds_below_its_cap_is_not_starved() -> None:
+    # 20 running of cap 32 with nothing queued, beside a starved client: underfed, unless
+    # the client may only send 20 at once (its concurrency setting: client-bound, a move)
+    samples, feed = _samples(0, 10, 20, 0), _feed(0, 10, 0.6)
+    held = feedable(CAPS, {"server-0": 20, "server-1": 20})
+    assert held == {"server-0": 20, "server-1": 20}
+    assert underfed(samples, feed, 2.0, 10.0, held) is None
+    assert feedable(CAPS, {"server-0": 64, "server-1": None}) == CAPS
+    why = underfed(samples, feed, 2.0, 10.0, feedable(CAPS, {"server-0": 20}))
+    assert why is not None and "server-1 had room" in why
+
+
 def test_the_epochs_measure_leaves_out_the_ticks_the_client_did_not_feed() -> None:
     samples = _samples(0, 20, 32, 2)
     feed = _feed(0, 9, 0.0) + _feed(10, 20, 0.7)
@@ -100,12 +112,14 @@ class _Clocked(CanaryRun):
     """A canary whose waits advance a modeled clock instead of sleeping."""
 
     def __init__(self, monitor: Any, feed_until: float) -> None:
-        fleet = type("Fleet", (), {"capacities": lambda self: []})()
+        from infra.settings import JobSettings
+        from tasks.capacity import Capacity
+
+        caps = [Capacity(i, "", None, 32, 1, None, None, "") for i in (0, 1)]
+        fleet = type("Fleet", (), {"capacities": lambda self: caps,
+                                   "config": dict.fromkeys((0, 1), JobSettings())})()
         super().__init__(fleet, monitor, 1.0, _Log(), threading.Event())
         self.feed_until = feed_until
-
-    def _caps(self) -> dict[str, int]:
-        return CAPS
 
 
 class _Log:

@@ -23,6 +23,7 @@ from infra.sglang.profiles import gpu_profile, model_profile
 from infra.sglang.versions import parse_version
 from infra.sim.predict import Workload
 from tasks.capacity import Capacity
+from tasks.feed import FeedSample
 from tasks.monitor import Sample
 from tasks.rolling import Replaced
 from tasks.tuning.canary import CanaryRun
@@ -103,6 +104,10 @@ class ModeledClock:
     def snapshot(self) -> list[Sample]:
         return [s for s in self.rows if s.t <= self.t]
 
+    def feed_snapshot(self) -> list[FeedSample]:
+        """A modeled client always keeps up: no CPU-wait samples, so no window is starved."""
+        return []
+
     def wait(self, seconds: float) -> bool:
         self.t += seconds
         return False
@@ -117,6 +122,9 @@ class RecordedFleet:
     def __init__(self, settings: JobSettings) -> None:
         self.config = {0: settings, 1: settings}
         self.restarted: list[tuple[int, str]] = []
+
+    def capacities(self) -> list[Capacity]:
+        return [Capacity(i, "", None, 16, 1, None, None, "") for i in sorted(self.config)]
 
     def replace(self, index: int, settings: JobSettings, tag: str) -> Replaced:
         self.restarted.append((index, tag))
