@@ -179,6 +179,7 @@ def _spread(settings: JobSettings, spread: Spread) -> dict[str, Any]:
         lost = {node: states[str(rid)] for node, rid, _ in runs
                 if states[str(rid)] != "COMPLETED"}
         rounds.append({"round": round_no, "states": {n: states[str(r)] for n, r, _ in runs},
+                       "flow_runs": {n: str(r) for n, r, _ in runs},
                        "pending_after": len(pending)})
         if lost:
             logger.warning("round %d: %s; %d shards go to the other nodes", round_no,

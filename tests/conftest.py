@@ -238,7 +238,7 @@ def running_prefect_server(home: Path) -> Iterator[dict[str, str]]:
 def prefect_server(prefect_env: dict[str, str]) -> dict[str, str]:
     """The Prefect server for the tests that deploy `deployments/prefect.yaml` and start process
     workers on its pools: the run's own. Those tests share one xdist group, so they run one
-    at a time (two of them at once, on two workers, took each other's flow runs: the
-    deployment's concurrency limit queued one behind the other); nothing else in the suite
+    at a time (two of them at once would take each other's flow runs from the shared
+    pools); nothing else in the suite
     deploys or polls a work pool."""
     return prefect_env

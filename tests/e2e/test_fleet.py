@@ -12,8 +12,10 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import boto3
+import httpx
 import polars as pl
 import pytest
 
@@ -32,6 +34,14 @@ def _ppid(pid: int) -> int | None:
     except OSError:
         return None
     return None
+
+
+def _flow_run(env: dict[str, str], run_id: str) -> dict[str, Any]:
+    """A flow run as the Prefect server's REST API holds it (ISO times compare as strings)."""
+    answer = httpx.get(f"{env['PREFECT_API_URL']}/flow_runs/{run_id}", timeout=30)
+    answer.raise_for_status()
+    run: dict[str, Any] = answer.json()
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +119,11 @@ def test_losing_a_node_mid_run_still_gives_every_id_once(two_nodes: dict[str, st
     result = json.loads(out.strip().splitlines()[-1])
     assert any(s != "COMPLETED" for s in result["rounds"][0]["states"].values())
     assert len(result["rounds"]) >= 2  # the lost node's shards went to a new run
+    # The nodes ran at the same time: node-1 started before node-0 was killed (a deployment
+    # concurrency limit of 1 once ran them one after the other).
+    first = {node: _flow_run(two_nodes, rid) for node, rid in result["rounds"][0]["flow_runs"]
+             .items()}
+    assert first["node-1-r0"]["start_time"] < first["node-0-r0"]["end_time"], first
     s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
     manifest = s3.get_object(Bucket=bucket, Key="fleet/manifest.jsonl")["Body"].read()
     ids: list[str] = []

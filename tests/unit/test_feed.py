@@ -67,6 +67,17 @@ def test_starvation_alone_or_room_alone_is_no_reason() -> None:
     assert underfed(_samples(0, 10, 20, 0), [], 2.0, 10.0, CAPS) is None
 
 
+def test_one_empty_scrape_is_no_evidence_most_of_the_window_is() -> None:
+    # full batches with a queue, but 3 of the window's 9 scrapes caught a batch turning over
+    samples = [Sample(s.t, 1, s.server, True, *((5, 0) if s.t in (3, 6, 9) else (32, 2)),
+                      0.5, 0.5, 100.0, 100.0 * s.t) for s in _samples(0, 10, 32, 2)]
+    feed = _feed(0, 10, 0.6)
+    assert underfed(samples, feed, 2.0, 10.0, CAPS) is None
+    emptier = [Sample(s.t, 1, s.server, True, *((32, 2) if s.t in (4, 8) else (5, 0)),
+                      0.5, 0.5, 100.0, 100.0 * s.t) for s in samples]  # 7 of 9 empty
+    assert underfed(emptier, feed, 2.0, 10.0, CAPS) is not None
+
+
 def test_a_server_the_clients_own_setting_holds_below_its_cap_is_not_starved() -> None:
     # 20 running of cap 32 with nothing queued, beside a starved client: underfed, unless
     # the client may only send 20 at once (its concurrency setting: client-bound, a move)
