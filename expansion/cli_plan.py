@@ -96,12 +96,14 @@ def _show(rows: list[Any], estimate: dict[str, Any] | None, what: tuple[Any, Any
     """Print the plan (or its JSON), the alternatives and how sure it is; False when SGLang
     would refuse the current flags (or the JSON said it all)."""
     from infra.sglang.roofline import calibration_note
+    from infra.sglang.strategy import launch_needs
 
     prof, card, version, flags = what
     current = rows[0]
     note = calibration_note(card, prof)
     if as_json:
-        _print_plan_json(prof.name, card.name, version.label, rows, estimate, note)
+        _print_plan_json(prof.name, card.name, version.label, rows, estimate,
+                         (note, launch_needs(prof, flags, version)))
         return False
     if current.plan is None:
         fail(f"SGLang would refuse to start: {current.error}", code=1)
@@ -110,6 +112,8 @@ def _show(rows: list[Any], estimate: dict[str, Any] | None, what: tuple[Any, Any
     _print_alternatives(rows)
     console.print(("" if note.calibrated else "[yellow]") + note.describe())
     _print_unmodelled(flags)
+    for need in launch_needs(prof, flags, version):
+        console.print(f"[yellow]a launch line of your own needs {need}; `expansion run` adds it")
     return True
 
 
@@ -279,14 +283,16 @@ def _print_unmodelled(flags: Any) -> None:
 
 
 def _print_plan_json(model: str, gpu: str, version: str, rows: list[Any],
-                     estimate: dict[str, Any] | None, note: Any) -> None:
-    """`plan --json`: one object, the current plan's fields, the job estimate, alternatives."""
+                     estimate: dict[str, Any] | None, notes: tuple[Any, list[str]]) -> None:
+    """`plan --json`: one object, the current plan's fields, the job estimate, alternatives;
+    `notes`: how sure the step model is, and the flags a launch line of one's own needs."""
     from infra.sglang.flag_parser import unmodelled
 
     current = rows[0]
+    note, needs = notes
     payload: dict[str, Any] = {"model": model, "gpu": gpu, "version": version,
                                "calibration": asdict(note), "unmodelled_flags": unmodelled(
-                                   rows[0].flags)}
+                                   rows[0].flags), "launch_needs": needs}
     if current.plan is None:
         payload["error"] = current.error
     else:

@@ -90,3 +90,18 @@ def resolve_strategy(model: ModelProfile, flags: ServerFlags,
     if strategy == "no_buffer":
         overlap = False  # SGLang turns it off for auto; it demands it off for explicit
     return strategy, overlap
+
+
+def launch_needs(model: ModelProfile, flags: ServerFlags, version: SGLangVersion) -> list[str]:
+    """Flags SGLang demands at start-up that these flags leave out, each with why. The
+    pipeline's launcher adds them (infra/sglang/launch.py); a launch line of the user's own
+    must carry them. 0.5.15+: an explicit no_buffer on an architecture that uses the mamba
+    radix cache asserts the overlap schedule is off (`ServerArgs._validate_mamba_no_buffer`);
+    only `auto` turns it off itself."""
+    if (model.hybrid and flags.mamba_strategy == "no_buffer" and not flags.disable_radix_cache
+            and not flags.disable_overlap_schedule and version.no_buffer_needs_disable_overlap
+            and uses_radix_cache(model, version)):
+        return [f"--disable-overlap-schedule (SGLang {version.label} refuses an explicit "
+                f"no_buffer on {model.architecture} without it: \"no_buffer do not support "
+                "overlap schedule\")"]
+    return []

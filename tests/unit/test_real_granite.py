@@ -99,3 +99,16 @@ def test_long_mixed_outputs_are_planned_within_15_percent() -> None:
     predicted = committed_tok_s(TINY, H100, server_flags(rec["flags"]), V0517,
                                 Workload(1152, 2000, 12000))
     assert predicted == pytest.approx(long["committed_tok_s"], rel=0.15)
+
+
+def test_plan_names_the_flag_a_launch_line_of_ones_own_needs() -> None:
+    """What killed gtb's servers, said by `expansion plan` before a user's own launch does."""
+    from infra.sglang.strategy import launch_needs
+
+    bare = server_flags(["--mamba-radix-cache-strategy", "no_buffer"])
+    (need,) = launch_needs(TINY, bare, V0517)
+    assert need.startswith("--disable-overlap-schedule") and "GraniteMoeHybrid" in need
+    ran_with = server_flags(ran()["flags"])
+    assert launch_needs(TINY, ran_with, V0517) == []
+    qwen = model_profile(str(ROOT / "tests" / "fixtures" / "models" / "qwen3.6-27b-text"), 50.16)
+    assert launch_needs(qwen, bare, V0517) == []  # not in 0.5.17's radix-cache table: it ran
