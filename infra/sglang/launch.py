@@ -68,6 +68,13 @@ def check_flags(flags: ServerFlags, version: SGLangVersion, hybrid: bool) -> Non
             "disable_overlap_schedule")
 
 
+def no_buffer_demands_overlap_off(flags: ServerFlags, version: SGLangVersion) -> bool:
+    """An explicit no_buffer that the release asserts on unless the overlap schedule is off
+    (0.5.15+: `ServerArgs._validate_mamba_no_buffer`; only `auto` turns it off itself)."""
+    return (flags.mamba_strategy == "no_buffer" and bool(version.strategy_flag)
+            and version.no_buffer_needs_disable_overlap)
+
+
 def server_args(flags: ServerFlags, version: SGLangVersion, *, model: str, host: str,
                 port: int, api_key: str | None, hybrid: bool = True) -> list[str]:
     """The SGLang CLI flags for one server (without the executable)."""
@@ -101,12 +108,9 @@ def server_args(flags: ServerFlags, version: SGLangVersion, *, model: str, host:
     for name, value in value_flags:
         if value is not None:
             args += [name, str(value)]
-    disable_overlap = flags.disable_overlap_schedule
     if flags.mamba_strategy != "auto" and version.strategy_flag:
         args += [version.strategy_flag, flags.mamba_strategy]
-        if flags.mamba_strategy == "no_buffer" and version.no_buffer_needs_disable_overlap:
-            disable_overlap = True  # new builds assert otherwise
-    if disable_overlap:
+    if flags.disable_overlap_schedule or no_buffer_demands_overlap_off(flags, version):
         args.append("--disable-overlap-schedule")
     if flags.disable_radix_cache:
         args.append("--disable-radix-cache")

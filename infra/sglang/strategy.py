@@ -25,6 +25,7 @@ the strategy's rename resolve `auto` to no_buffer.
 from __future__ import annotations
 
 from infra.sglang.flags import ServerFlags
+from infra.sglang.launch import no_buffer_demands_overlap_off
 from infra.sglang.release_tables import MambaCacheTables, known_tables, tables_for
 from infra.sglang.shapes import ModelProfile
 from infra.sglang.versions import SGLangVersion
@@ -95,11 +96,11 @@ def resolve_strategy(model: ModelProfile, flags: ServerFlags,
 def launch_needs(model: ModelProfile, flags: ServerFlags, version: SGLangVersion) -> list[str]:
     """Flags SGLang demands at start-up that these flags leave out, each with why. The
     pipeline's launcher adds them (infra/sglang/launch.py); a launch line of the user's own
-    must carry them. 0.5.15+: an explicit no_buffer on an architecture that uses the mamba
-    radix cache asserts the overlap schedule is off (`ServerArgs._validate_mamba_no_buffer`);
-    only `auto` turns it off itself."""
-    if (model.hybrid and flags.mamba_strategy == "no_buffer" and not flags.disable_radix_cache
-            and not flags.disable_overlap_schedule and version.no_buffer_needs_disable_overlap
+    must carry them: the overlap schedule's off switch for an explicit no_buffer on an
+    architecture that uses the mamba radix cache (the launcher's own rule, which it applies
+    to every architecture)."""
+    if (model.hybrid and no_buffer_demands_overlap_off(flags, version)
+            and not flags.disable_radix_cache and not flags.disable_overlap_schedule
             and uses_radix_cache(model, version)):
         return [f"--disable-overlap-schedule (SGLang {version.label} refuses an explicit "
                 f"no_buffer on {model.architecture} without it: \"no_buffer do not support "

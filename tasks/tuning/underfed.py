@@ -28,10 +28,11 @@ def feedable(caps: dict[str, int], concurrency: dict[str, int | None]) -> dict[s
     return {name: min(cap, concurrency.get(name) or cap) for name, cap in caps.items()}
 
 
-def _hungry(sample: Sample, room: dict[str, int]) -> bool:
+def _unfed(sample: Sample, starved: list[tuple[float, float]], room: dict[str, int]) -> bool:
+    """Scraped while the client starved, with nothing queued and room it was not given."""
     most = room.get(sample.server)
-    return (sample.alive and (sample.queued or 0) < 1 and most is not None
-            and (sample.running or 0) < ROOM * most)
+    return (during(sample.t, starved) and sample.alive and (sample.queued or 0) < 1
+            and most is not None and (sample.running or 0) < ROOM * most)
 
 
 def underfed(samples: list[Sample], feed: list[FeedSample], since: float, until: float,
@@ -55,7 +56,7 @@ def _unfed_servers(samples: list[Sample], starved: list[tuple[float, float]],
     """The servers most of whose samples found them with room while the client starved."""
     seen: dict[str, list[bool]] = {}
     for s in samples:
-        seen.setdefault(s.server, []).append(during(s.t, starved) and _hungry(s, room))
+        seen.setdefault(s.server, []).append(_unfed(s, starved, room))
     return sorted(name for name, flags in seen.items()
                   if sum(flags) >= HUNGRY_SHARE * len(flags))
 
@@ -67,4 +68,4 @@ def fed_samples(samples: list[Sample], feed: list[FeedSample],
     starved = starved_times(feed)
     if not starved:
         return samples
-    return [s for s in samples if not (during(s.t, starved) and _hungry(s, room))]
+    return [s for s in samples if not _unfed(s, starved, room)]
