@@ -19,6 +19,7 @@ None and every window is judged as before.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,13 +72,15 @@ def slowed_share(before: dict[str, tuple[int, int]], after: dict[str, tuple[int,
 class FeedProbe:
     """Reads the starvation since its last reading (the monitor calls it once per tick)."""
 
-    def __init__(self, tasks: Path = TASKS) -> None:
+    def __init__(self, tasks: Path = TASKS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._tasks = tasks
+        self._clock = clock  # what a thread's share of the interval is measured against
         self._last = thread_times_ns(tasks)
-        self._last_at = time.monotonic()
+        self._last_at = clock()
 
     def read(self, t: float) -> FeedSample:
-        times, now = thread_times_ns(self._tasks), time.monotonic()
+        times, now = thread_times_ns(self._tasks), self._clock()
         wall_ns = (now - self._last_at) * 1e9
         share = None
         if times is not None and self._last is not None and wall_ns > 0:

@@ -51,6 +51,13 @@ class StepCalibration:
     # the 576-wide latent of every context token reach this share of peak bf16 FLOPs; their
     # bytes alone (the latent is small) miss most of what long contexts cost. 0: unmeasured
     mla_attention_efficiency: float = 0.0
+    # A prefill forward's cost beyond its tokens' FLOPs (its kernels' launches: the chunked
+    # scan of every Mamba2 layer runs eager): seconds per prefill batch. 0: unmeasured
+    prefill_batch_s: float = 0.0
+    # Decode attention's KV reads cost this many times their bytes at the GPU's bandwidth
+    # share (short per-request contexts of few KV heads do not stream at full speed). 1: the
+    # bytes alone, as every fit before the H100's assumed
+    kv_read_factor: float = 1.0
 
 
 # The seeds' fit (RTX PRO 6000, a pre-rename build): seed 000 extra_buffer with 31 running
@@ -198,8 +205,8 @@ class Roofline:
 
     def _context_step_s(self, running: int) -> float:
         """Seconds per token of mean context: its KV read, and MLA's attention compute."""
-        return (running * self.kv_bytes_per_token / self.bandwidth_bps
-                + self._attention_s(float(running)))
+        return (running * self.kv_bytes_per_token * self.calibration.kv_read_factor
+                / self.bandwidth_bps + self._attention_s(float(running)))
 
     def decode_steps_s(self, running: int, avg_context_tokens: float, steps: int,
                        growth: float) -> float:
@@ -235,8 +242,10 @@ class Roofline:
                                                     * self.calibration.moe_efficiency)
         return touched * self.expert_bytes / self.bandwidth_bps + compute
 
-    def prefill_s(self, tokens: int) -> float:
-        return tokens * self.flops_per_token / self.peak_flops
+    def prefill_s(self, tokens: int, batches: int = 1) -> float:
+        """Seconds to prefill `tokens` new tokens in `batches` forward passes."""
+        return (batches * self.calibration.prefill_batch_s
+                + tokens * self.flops_per_token / self.peak_flops)
 
     def tokens_per_s(self, running: int, avg_context_tokens: float) -> float:
         """Steady-state generated tokens/s with `running` requests (no prefill)."""

@@ -14,7 +14,7 @@ from infra.sglang.flags import ServerFlags
 from infra.sglang.hardware import Hardware
 from infra.sglang.memory import plan_memory
 from infra.sglang.profiles import GpuProfile, ModelProfile
-from infra.sglang.roofline import build_roofline
+from infra.sglang.roofline import StepCalibration, build_roofline
 from infra.sglang.versions import SGLangVersion
 from infra.sim.scheduler import SchedulerOptions, SimRequest, SimScheduler, no_log
 
@@ -49,14 +49,17 @@ def _replay(scheduler: SimScheduler, requests: int, in_flight: int, prompt_token
 
 
 def replay_scheduler(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
-                     version: SGLangVersion, exact: bool = False) -> SimScheduler:
+                     version: SGLangVersion, exact: bool = False,
+                     calibration: StepCalibration | None = None) -> SimScheduler:
     """The simulated server's scheduler for these flags in modeled time, with no log: from
     event to event (a completion, the KV pool's edge; the steps between summed in closed
     form), or with `exact` one decode step at a time — the oracle the events are held to
-    (tests/unit/test_event_replay.py)."""
+    (tests/unit/test_event_replay.py). `calibration` replaces the measured step constants
+    (what a fit tries: bench/real_sglang/fit_h100.py)."""
     plan = plan_memory(model, gpu, flags, version)
     prefix_state = version.locks_prefix_state and not flags.disable_radix_cache
-    return SimScheduler(plan, build_roofline(model, gpu, flags, plan), REPLAY_TIME_SCALE,
+    roofline = build_roofline(model, gpu, flags, plan, calibration=calibration)
+    return SimScheduler(plan, roofline, REPLAY_TIME_SCALE,
                         no_log,
                         SchedulerOptions(prefix_state=prefix_state,
                                          max_chunk_steps=1 if exact else None))
@@ -135,12 +138,14 @@ def _steady_rate(answers: list[tuple[float, int]], concurrency: int, last_send: 
 
 def replay_requests(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
                     version: SGLangVersion, reqs: list[tuple[int, int]], concurrency: int,
-                    max_s: float = float("inf")) -> ClosedLoopResult:
+                    max_s: float = float("inf"),
+                    calibration: StepCalibration | None = None) -> ClosedLoopResult:
     """A closed loop of `concurrency` clients over (prompt tokens, output tokens) rows, as
     bench/real_sglang/probe_long.py drives real SGLang: every row's output runs to its
     length (ignore_eos), a row answered after `max_s` modeled seconds does not count. From
     event to event; `replay_requests_exact` steps every decode step (the oracle)."""
-    return closed_loop(replay_scheduler(model, gpu, flags, version), reqs, concurrency, max_s)
+    return closed_loop(replay_scheduler(model, gpu, flags, version, calibration=calibration),
+                       reqs, concurrency, max_s)
 
 
 def replay_requests_exact(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,

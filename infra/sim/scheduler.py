@@ -278,7 +278,8 @@ class SimScheduler:
             self.stats.prefill_tokens_total += prefill
             if self.log is not no_log:
                 self._log_prefill(prefill)
-        modeled = self.roofline.prefill_s(prefill) / self.speed if prefill else 0.0
+        batches = math.ceil(prefill / self.plan.chunked_prefill_size)
+        modeled = self.roofline.prefill_s(prefill, batches) / self.speed if prefill else 0.0
         if not self.running:
             self._idle_prefill_s = modeled
             return None

@@ -24,7 +24,8 @@ def _threads(root: Path, times: dict[str, tuple[int, int]]) -> None:
 
 def test_the_share_is_the_most_slowed_active_thread(tmp_path: Path) -> None:
     _threads(tmp_path, {"1": (0, 0), "2": (0, 0)})
-    probe = FeedProbe(tmp_path)
+    ticks = iter([0.0, 1.0])  # a one-second interval, whatever the test's own speed
+    probe = FeedProbe(tmp_path, clock=lambda: next(ticks))
     # thread 1 ran 0.3 s and waited 0.3 s; thread 2 barely woke (inactive: not counted)
     _threads(tmp_path, {"1": (300_000_000, 300_000_000), "2": (1_000, 9_000)})
     share = probe.read(1.0).wait_share

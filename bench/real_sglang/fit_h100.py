@@ -1,0 +1,327 @@
+"""Fit the H100's decode step for a Mamba2 + MoE hybrid from real SGLang 0.5.17 runs.
+
+Granite-4.0-H-Tiny's shapes (`GraniteMoeHybridForCausalLM`: 36 Mamba2 layers, 4 attention,
+64 experts top-6 plus a shared expert; dummy weights) ran on an H100 at 32 to 302 running
+requests under four configurations (default flags: extra_buffer with overlap; no_buffer fp32;
+no_buffer bf16 with graphs to 320), `probe_long.py` driving each (bench/real_sglang/data/
+2026-12-06-h100-s24, -s25). Until these runs the planner priced an H100 with the seeds' RTX PRO
+6000 constants and its plans were 16-55 % off, low at small batches and high at large ones.
+
+What is fitted, and on what:
+* the prefill's share of peak bf16 FLOPs: SGLang's own prefill lines of full 8,192-token chunks;
+* the decode step's constants (bandwidth share, fixed step cost with and without the overlap
+  schedule, per-request cost per linear layer, the routed experts' share of peak, the
+  extra_buffer tracking traffic, the dummy router's spread): a pattern search on the relative
+  error of the step at every steady batch size of the fixed-length runs, each run's decode lines
+  taken inside its own time window (a long-mixed run's lines carry prefills between them);
+* nothing on committed tok/s: every run's committed rate (waves, batch levels, long mixed
+  outputs) is then replayed through the simulator's scheduler with the fitted constants and
+  compared — what tests/unit/test_real_granite_h100.py holds.
+
+Usage: `python bench/real_sglang/fit_h100.py [--write]` (writes `H100 80GB/mamba2-moe` into
+infra/sglang/data/step_calibration.json; without --write prints the fit and its residuals).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import statistics
+import sys
+import tarfile
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from infra.sglang.memory import MemoryPlan, plan_memory
+from infra.sglang.observe import parse_log
+from infra.sglang.profiles import ModelProfile, gpu_profile, model_profile
+from infra.sglang.roofline import CALIBRATION_FILE, StepCalibration, build_roofline
+from infra.sim.replay import replay_requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fit_moe import MODELS, V0517, server_flags, steady_wave_tok_s
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "bench" / "real_sglang" / "data"
+# (folder, part): each part is one device call's tar of logs and results (probe_long.py)
+PARTS = (("2026-12-06-h100-s24", "gtc"), ("2026-12-06-h100-s25", "gtd"),
+         ("2026-12-06-h100-s25", "gte"), ("2026-12-06-h100-s26", "gtf"))
+H100 = gpu_profile("h100")
+TINY = model_profile(str(MODELS / "granite-4.0-h-tiny"), 12.93)  # bf16 bytes of the shapes
+ENTRY = f"{H100.name}/{TINY.family}-moe"  # the key calibration_key looks up
+MIN_LINES = 5
+FULL_CHUNK = 8192  # the H100's chunked prefill size on this build: full chunks only
+
+
+@dataclass(frozen=True)
+class Level:
+    """One steady decode batch size of one run: the median step its log reports there."""
+
+    server: str
+    run: str
+    flags_argv: tuple[str, ...]
+    running: int
+    step_s: float
+    context: float
+
+
+def servers() -> list[dict[str, Any]]:
+    """Every server that started, with its log text and its part's name."""
+    out = []
+    for folder, part in PARTS:
+        with tarfile.open(DATA / folder / f"{part}.tar.gz") as tar:
+            member = tar.extractfile(f"{part}/results.json")
+            assert member is not None, f"{folder}/{part}.tar.gz holds no results.json"
+            for rec in json.load(io.TextIOWrapper(member)):
+                if "runs" not in rec:
+                    continue
+                log = tar.extractfile(f"{part}/{rec['name']}.log")
+                assert log is not None, f"{part}: no log for {rec['name']}"
+                out.append({**rec, "part": part, "log_text": log.read().decode()})
+    return out
+
+
+def _epoch(stamp: str) -> float:
+    """A log line's timestamp (the device's clock is UTC) as the answers' epoch seconds."""
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").replace(
+        tzinfo=UTC).timestamp()
+
+
+def run_levels(rec: dict[str, Any], run: dict[str, Any]) -> list[Level]:
+    """The steady batch sizes of one run: decode lines logged between its first send and its
+    last answer, grouped by #running-req (five lines at least)."""
+    start = min(a["start"] for a in run["answers"])
+    end = max(a["end"] for a in run["answers"])
+    steps: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for line in parse_log(rec["log_text"]):
+        if (line["kind"] != "decode" or not line["gen_throughput"] or line["running_req"] < 8
+                or not line["timestamp"] or not start - 1 <= _epoch(line["timestamp"]) <= end):
+            continue
+        n = line["running_req"]
+        steps[n].append((n / line["gen_throughput"], line["full_num_tokens"] / n))
+    return [Level(rec["name"], run["name"], tuple(rec["flags"]), n,
+                  statistics.median(s for s, _ in v), statistics.median(c for _, c in v))
+            for n, v in sorted(steps.items()) if len(v) >= MIN_LINES]
+
+
+def fixed_levels(recs: list[dict[str, Any]]) -> list[Level]:
+    return [lv for rec in recs for run in rec["runs"] if run["workload"] == "fixed"
+            for lv in run_levels(rec, run)]
+
+
+def step_levels(recs: list[dict[str, Any]]) -> list[Level]:
+    """What the step is fitted on: the fixed runs' levels and the long-mixed runs' steps."""
+    return fixed_levels(recs) + [lv for lv, _ in long_mixed_fits(recs)]
+
+
+@cache
+def _plan(argv: tuple[str, ...]) -> MemoryPlan:
+    return plan_memory(TINY, H100, server_flags(list(argv)), V0517)
+
+
+def predicted_step(level: Level, cal: StepCalibration) -> float:
+    flags = server_flags(list(level.flags_argv))
+    roof = build_roofline(TINY, H100, flags, _plan(level.flags_argv), calibration=cal)
+    return roof.decode_step_s(level.running, level.context)
+
+
+def step_error(cal: StepCalibration, found: list[Level]) -> float:
+    """The root mean square of the modeled step's relative error over the levels (a worst
+    case stalls a coordinate search on whichever level binds it)."""
+    return math.sqrt(statistics.fmean(
+        (predicted_step(lv, cal) / lv.step_s - 1) ** 2 for lv in found))
+
+
+DECODE_LOG_INTERVAL = 20  # probe_long.py's servers log every 20th decode step
+
+
+def long_mixed_fits(recs: list[dict[str, Any]]) -> list[tuple[Level, float]]:
+    """Each long-mixed run's decode step and prefill batch cost, apart: there a lone answer's
+    successor is prefilled between decode steps, so over the decode log's intervals at the
+    run's usual batch size, interval = 20 steps + k prefill batches × a cost + their tokens ×
+    a per-token cost (least squares). The step, at the run's median context, is a level of
+    the step fit (the one that sees long contexts); the batch cost is the prefill's."""
+    import numpy as np  # the fit's only use of it
+
+    out = []
+    for rec in recs:
+        for run in rec["runs"]:
+            if run["workload"] != "lognormal":
+                continue
+            rows = np.array(_intervals(rec, run), dtype=float)
+            sizes, counts = np.unique(rows[:, 0], return_counts=True)
+            usual = rows[rows[:, 0] == sizes[counts.argmax()]]
+            design = np.column_stack([np.full(len(usual), float(DECODE_LOG_INTERVAL)),
+                                      usual[:, 2], usual[:, 3]])
+            (step, per_batch, _), *_ = np.linalg.lstsq(design, usual[:, 1], rcond=None)
+            level = Level(rec["name"], run["name"], tuple(rec["flags"]), int(usual[0, 0]),
+                          float(step), float(np.median(usual[:, 4])))
+            out.append((level, float(per_batch)))
+    return out
+
+
+def prefill_batch_cost(recs: list[dict[str, Any]]) -> float:
+    return round(statistics.fmean(cost for _, cost in long_mixed_fits(recs)), 4)
+
+
+def _intervals(rec: dict[str, Any],
+               run: dict[str, Any]) -> list[tuple[int, float, int, int, float]]:
+    """(running, seconds, prefill batches, their new tokens, mean context) of each interval
+    inside the run: a decode line's gen throughput is its 20 steps' tokens over the time
+    since the last decode line, prefills between them included."""
+    start = min(a["start"] for a in run["answers"])
+    end = max(a["end"] for a in run["answers"])
+    out, pending = [], []
+    for line in parse_log(rec["log_text"]):
+        if not line["timestamp"] or not start - 1 <= _epoch(line["timestamp"]) <= end:
+            continue
+        if line["kind"] == "prefill":
+            pending.append(int(line["new_token"] or 0))
+        elif line["kind"] == "decode":
+            n = line["running_req"]
+            if line["gen_throughput"] and n >= 8:
+                seconds = DECODE_LOG_INTERVAL * n / line["gen_throughput"]
+                out.append((n, seconds, len(pending), sum(pending),
+                            line["full_num_tokens"] / n))
+            pending = []
+    return out
+
+
+def prefill_efficiency(recs: list[dict[str, Any]], model: ModelProfile,
+                       batch_s: float) -> float:
+    """The per-token part of a full 8,192-token chunk's time (its new tokens over SGLang's
+    input throughput, median over the lines, less the batch cost) as FLOPs (2 × active
+    parameters a token) over the H100's peak."""
+    chunk_s = statistics.median(
+        line["new_token"] / line["input_throughput"] for rec in recs
+        for line in parse_log(rec["log_text"])
+        if line["kind"] == "prefill" and (line["new_token"] or 0) >= FULL_CHUNK
+        and line["input_throughput"])
+    per_token_s = (chunk_s - batch_s) / FULL_CHUNK
+    flops = 2.0 * model.active_params_b * 1e9
+    return round(flops / per_token_s / (H100.bf16_tflops * 1e12), 4)
+
+
+# The constants searched, each with its starting point, step and bounds.
+SEARCHED: dict[str, tuple[float, float, float, float]] = {
+    "bandwidth_efficiency": (0.8, 0.05, 0.3, 0.95),
+    "step_overhead_s": (1.5e-3, 5e-4, 0.0, 1e-2),
+    "no_overlap_extra_s": (1.0e-3, 5e-4, 0.0, 1e-2),
+    "per_linear_layer_request_s": (1e-6, 5e-7, 0.0, 2e-5),
+    "moe_efficiency": (0.2, 0.05, 0.01, 1.0),
+    "extra_buffer_tracking_slots": (1.0, 0.5, 0.0, 8.0),
+    "kv_read_factor": (1.0, 0.5, 1.0, 8.0),
+}
+SPREADS = (0.1, 0.2, 0.3, 0.5, 0.7, 1.0)  # the dummy router's spread over Granite's experts
+
+
+def pattern_search(cal: StepCalibration, found: list[Level], rounds: int = 12) -> StepCalibration:
+    """Coordinate search: move each constant by its step while that lowers the error, halve
+    the steps each round (the step model is smooth and monotone in each constant)."""
+    steps = {k: v[1] for k, v in SEARCHED.items()}
+    best = step_error(cal, found)
+    for _ in range(rounds):
+        for name, (_, _, low, high) in SEARCHED.items():
+            for sign in (1.0, -1.0):
+                while True:
+                    value = min(high, max(low, getattr(cal, name) + sign * steps[name]))
+                    trial = replace(cal, **{name: value})
+                    error = step_error(trial, found)
+                    if error >= best - 1e-9:
+                        break
+                    cal, best = trial, error
+        steps = {k: v / 2 for k, v in steps.items()}
+    return cal
+
+
+def fit(recs: list[dict[str, Any]]) -> StepCalibration:
+    """The graphed levels' constants (a search per dummy spread, the best kept), then the
+    eager step's cost per layer: the median, over the levels past the decode graphs, of
+    what they took beyond the graphed model."""
+    found = step_levels(recs)
+    graphed = [lv for lv in found if _graphed(lv)]
+    batch_s = prefill_batch_cost(recs)
+    searched: dict[str, Any] = {k: v[0] for k, v in SEARCHED.items()}
+    start = replace(
+        StepCalibration(bandwidth_efficiency=0.8, per_request_overhead_s=0.0,
+                        step_overhead_s=0.0, no_overlap_extra_s=0.0,
+                        extra_buffer_tracking_slots=0.0),
+        prefill_efficiency=prefill_efficiency(recs, TINY, batch_s), prefill_batch_s=batch_s,
+        **searched)
+    fits = [pattern_search(replace(start, dummy_routed_spread=(
+        (TINY.architecture, spread),)), graphed) for spread in SPREADS]
+    cal = min(fits, key=lambda cal: step_error(cal, graphed))
+    eager = statistics.median((lv.step_s - predicted_step(lv, cal)) / TINY.num_layers
+                              for lv in found if not _graphed(lv))
+    return replace(cal, eager_layer_s=eager)
+
+
+def _graphed(level: Level) -> bool:
+    bound = _plan(level.flags_argv).graph_max_bs
+    return bound <= 0 or level.running <= bound
+
+
+def measured_rate(run: dict[str, Any]) -> float:
+    """What the tests compare: a fixed run's steady rate (the answers sent after the first
+    came back: a fresh server's first request compiles kernels for seconds), else the run's
+    committed tok/s over its wall time."""
+    if run["workload"] == "fixed":
+        return steady_wave_tok_s(run)
+    return float(run["committed_tok_s"])
+
+
+def replayed_rate(rec: dict[str, Any], run: dict[str, Any], cal: StepCalibration | None) -> float:
+    """The simulator's rate for exactly what the run sent: its rows, its clients, its
+    deadline (`max_s`); steady for fixed lengths, committed over the whole loop otherwise."""
+    flags = server_flags(rec["flags"])
+    rows = [(int(p), int(o)) for p, o in run["requests_list"]]
+    # a long run counts what was answered within its wall time (sends stop at max_s, answers
+    # are awaited 30 s more); a fixed run answered everything
+    deadline = float(run["wall_s"]) if run["workload"] == "lognormal" else float("inf")
+    result = replay_requests(TINY, H100, flags, V0517, rows, int(run["concurrency"]),
+                             max_s=deadline, calibration=cal)
+    if run["workload"] == "fixed":
+        return result.steady_tok_s or result.committed_tok_s
+    return result.committed_tok_s
+
+
+def entry(cal: StepCalibration) -> dict[str, Any]:
+    sources = sorted({f"bench/real_sglang/data/{folder}" for folder, _ in PARTS})
+    def rounded(value: Any) -> Any:
+        return float(f"{value:.4g}") if isinstance(value, float) else value
+
+    return {**{k: rounded(getattr(cal, k)) for k in StepCalibration.__dataclass_fields__},
+            "dummy_routed_spread": dict(cal.dummy_routed_spread), "source": sources,
+            "sglang": "0.5.17", "model": "Granite-4.0-H-Tiny shapes (GraniteMoeHybrid: "
+            "Mamba2 + 64-expert MoE), bf16, dummy"}
+
+
+def main(argv: list[str]) -> int:
+    recs = servers()
+    cal = fit(recs)
+    for lv in step_levels(recs):
+        pred = predicted_step(lv, cal)
+        print(f"{lv.server:22s} {lv.run:11s} running {lv.running:3d}  real "
+              f"{lv.step_s * 1e3:6.2f} ms  model {pred * 1e3:6.2f} ms  {pred / lv.step_s - 1:+.3f}")
+    for rec in recs:
+        for run in rec["runs"]:
+            real, shipped = measured_rate(run), replayed_rate(rec, run, None)
+            after = replayed_rate(rec, run, cal)
+            print(f"{rec['name']:22s} {run['name']:11s} real {real:7.0f}  shipped {shipped:7.0f}"
+                  f" ({shipped / real - 1:+.3f})  fitted {after:7.0f} ({after / real - 1:+.3f})")
+    print(json.dumps(entry(cal), indent=1))
+    if "--write" in argv:
+        table = json.loads(CALIBRATION_FILE.read_text())
+        table[ENTRY] = entry(cal)
+        CALIBRATION_FILE.write_text(json.dumps(table, indent=1) + "\n")
+        print(f"wrote {ENTRY} into {CALIBRATION_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
