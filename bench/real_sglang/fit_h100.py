@@ -37,6 +37,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from infra.sglang.flags import ServerFlags
 from infra.sglang.memory import MemoryPlan, plan_memory
 from infra.sglang.observe import parse_log
 from infra.sglang.profiles import ModelProfile, gpu_profile, model_profile
@@ -120,13 +121,18 @@ def step_levels(recs: list[dict[str, Any]]) -> list[Level]:
 
 
 @cache
+def _flags(argv: tuple[str, ...]) -> ServerFlags:
+    return server_flags(list(argv))
+
+
+@cache
 def _plan(argv: tuple[str, ...]) -> MemoryPlan:
-    return plan_memory(TINY, H100, server_flags(list(argv)), V0517)
+    return plan_memory(TINY, H100, _flags(argv), V0517)
 
 
 def predicted_step(level: Level, cal: StepCalibration) -> float:
-    flags = server_flags(list(level.flags_argv))
-    roof = build_roofline(TINY, H100, flags, _plan(level.flags_argv), calibration=cal)
+    roof = build_roofline(TINY, H100, _flags(level.flags_argv), _plan(level.flags_argv),
+                          calibration=cal)
     return roof.decode_step_s(level.running, level.context)
 
 
@@ -163,6 +169,14 @@ def long_mixed_fits(recs: list[dict[str, Any]]) -> list[tuple[Level, float]]:
                           float(step), float(np.median(usual[:, 4])))
             out.append((level, float(per_batch)))
     return out
+
+
+def full_batch_rate(rec: dict[str, Any], run: dict[str, Any]) -> float:
+    """Generated tok/s while the batch was full (decode-log intervals at ≥ 95 % of the cap,
+    the prefills between them included): a long run's steady rate, which a 180-s run's
+    committed figure (ramp, and long answers unfinished at the end) is not."""
+    full = [row for row in _intervals(rec, run) if row[0] >= 0.95 * rec["max_running_requests"]]
+    return sum(DECODE_LOG_INTERVAL * row[0] for row in full) / sum(row[1] for row in full)
 
 
 def prefill_batch_cost(recs: list[dict[str, Any]]) -> float:
