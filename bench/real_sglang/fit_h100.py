@@ -52,6 +52,9 @@ DATA = ROOT / "bench" / "real_sglang" / "data"
 # (folder, part): each part is one device call's tar of logs and results (probe_long.py)
 PARTS = (("2026-12-06-h100-s24", "gtc"), ("2026-12-06-h100-s25", "gtd"),
          ("2026-12-06-h100-s25", "gte"), ("2026-12-06-h100-s26", "gtf"))
+# run after the fit, predicted before it ran (plans/granite_tiny_h100_g.predicted-h100.json):
+# extra_buffer with bf16 SSM state, a configuration the fit never saw
+HELD_OUT = (("2026-12-06-h100-s26", "gtg"),)
 H100 = gpu_profile("h100")
 TINY = model_profile(str(MODELS / "granite-4.0-h-tiny"), 12.93)  # bf16 bytes of the shapes
 ENTRY = f"{H100.name}/{TINY.family}-moe"  # the key calibration_key looks up
@@ -71,10 +74,10 @@ class Level:
     context: float
 
 
-def servers() -> list[dict[str, Any]]:
+def servers(parts: tuple[tuple[str, str], ...] = PARTS) -> list[dict[str, Any]]:
     """Every server that started, with its log text and its part's name."""
     out = []
-    for folder, part in PARTS:
+    for folder, part in parts:
         with tarfile.open(DATA / folder / f"{part}.tar.gz") as tar:
             member = tar.extractfile(f"{part}/results.json")
             assert member is not None, f"{folder}/{part}.tar.gz holds no results.json"
