@@ -42,7 +42,7 @@ from infra.sglang.memory import MemoryPlan, plan_memory
 from infra.sglang.observe import parse_log
 from infra.sglang.profiles import ModelProfile, gpu_profile, model_profile
 from infra.sglang.roofline import CALIBRATION_FILE, StepCalibration, build_roofline
-from infra.sim.replay import replay_requests
+from infra.sim.replay import closed_loop, replay_scheduler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fit_moe import MODELS, V0517, server_flags, steady_wave_tok_s
@@ -300,8 +300,8 @@ def replayed_rate(rec: dict[str, Any], run: dict[str, Any], cal: StepCalibration
     # a long run counts what was answered within its wall time (sends stop at max_s, answers
     # are awaited 30 s more); a fixed run answered everything
     deadline = float(run["wall_s"]) if run["workload"] == "lognormal" else float("inf")
-    result = replay_requests(TINY, H100, flags, V0517, rows, int(run["concurrency"]),
-                             max_s=deadline, calibration=cal)
+    scheduler = replay_scheduler(TINY, H100, flags, V0517, calibration=cal)
+    result = closed_loop(scheduler, rows, int(run["concurrency"]), deadline)
     if run["workload"] == "fixed":
         return result.steady_tok_s or result.committed_tok_s
     return result.committed_tok_s

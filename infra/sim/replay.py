@@ -138,14 +138,12 @@ def _steady_rate(answers: list[tuple[float, int]], concurrency: int, last_send: 
 
 def replay_requests(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
                     version: SGLangVersion, reqs: list[tuple[int, int]], concurrency: int,
-                    max_s: float = float("inf"),
-                    calibration: StepCalibration | None = None) -> ClosedLoopResult:
+                    max_s: float = float("inf")) -> ClosedLoopResult:
     """A closed loop of `concurrency` clients over (prompt tokens, output tokens) rows, as
     bench/real_sglang/probe_long.py drives real SGLang: every row's output runs to its
     length (ignore_eos), a row answered after `max_s` modeled seconds does not count. From
     event to event; `replay_requests_exact` steps every decode step (the oracle)."""
-    return closed_loop(replay_scheduler(model, gpu, flags, version, calibration=calibration),
-                       reqs, concurrency, max_s)
+    return closed_loop(replay_scheduler(model, gpu, flags, version), reqs, concurrency, max_s)
 
 
 def replay_requests_exact(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
