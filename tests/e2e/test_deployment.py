@@ -52,7 +52,9 @@ def worker(prefect_server: dict[str, str], s3_endpoint: str,
         subprocess.run([PREFECT, "work-pool", "create", pool, "--type", "process"], env=env,
                        cwd=ROOT, capture_output=True, timeout=120)
     prefect(env, "--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml")
-    log = open(tmp_path_factory.mktemp("worker") / "worker.log", "wb")  # noqa: SIM115
+    log_path = tmp_path_factory.mktemp("worker") / "worker.log"
+    env["DEPLOYMENT_TEST_WORKER_LOG"] = str(log_path)
+    log = open(log_path, "wb")  # noqa: SIM115
     proc = subprocess.Popen([PREFECT, "worker", "start", "--pool", POOL, "--limit", "1"],
                             env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -96,10 +98,17 @@ def test_deployment_run_completes_through_a_worker_and_a_cli_run_beside_it_refus
     assert said[0].startswith(f"error: output: {out} is in use by a live run (flow run "
                               f"'{name}', pid "), said
     wait_until(lambda: flow_run(worker, run_id[1])["state"]["type"] in TERMINAL,
-               "the deployment run never ended", 400)
+               f"the deployment run never ended ({len(committed(out))} of {ROWS // 50} shards "
+               f"committed); the worker's log ends:\n{worker_log_tail(worker)}", 400)
     assert flow_run(worker, run_id[1])["state"]["type"] == "COMPLETED"  # unharmed
     frame = Manifest(out).read_completions()
     assert frame.height == ROWS and frame["id"].n_unique() == ROWS
+
+
+def worker_log_tail(env: dict[str, str], lines: int = 60) -> str:
+    """The worker streams its flow runs' logs: what the run was doing when a wait ran out."""
+    text = Path(env["DEPLOYMENT_TEST_WORKER_LOG"]).read_text(errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
 
 
 def flow_run(env: dict[str, str], run_id: str) -> dict[str, Any]:
