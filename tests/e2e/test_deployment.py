@@ -98,8 +98,8 @@ def test_deployment_run_completes_through_a_worker_and_a_cli_run_beside_it_refus
     assert said[0].startswith(f"error: output: {out} is in use by a live run (flow run "
                               f"'{name}', pid "), said
     wait_until(lambda: flow_run(worker, run_id[1])["state"]["type"] in TERMINAL,
-               f"the deployment run never ended ({len(committed(out))} of {ROWS // 50} shards "
-               f"committed); the worker's log ends:\n{worker_log_tail(worker)}", 400)
+               lambda: f"the deployment run never ended ({len(committed(out))} of {ROWS // 50} "
+               f"shards committed); the worker's log ends:\n{worker_log_tail(worker)}", 400)
     assert flow_run(worker, run_id[1])["state"]["type"] == "COMPLETED"  # unharmed
     frame = Manifest(out).read_completions()
     assert frame.height == ROWS and frame["id"].n_unique() == ROWS
@@ -123,10 +123,12 @@ def committed(out: Path) -> list[int]:
         return []
 
 
-def wait_until(done: Callable[[], bool], why: str, timeout_s: float = 180) -> None:
+def wait_until(done: Callable[[], bool], why: str | Callable[[], str],
+               timeout_s: float = 180) -> None:
+    """`why` may be a function: a message about the moment the wait ran out, not its start."""
     deadline = time.monotonic() + timeout_s
     while not done():
-        assert time.monotonic() < deadline, why
+        assert time.monotonic() < deadline, why() if callable(why) else why
         time.sleep(0.3)
 
 
