@@ -89,7 +89,7 @@ def pipeline_run(servers: int, time_scale: float, prompts: int) -> PipelineResul
     from infra.settings import load_settings
     from infra.sim.text import count_prompt_tokens
     from tasks.capacity import measure_one
-    from tasks.engines import engine_for
+    from tasks.engines import build_engine
     from tasks.health import wait_until_healthy
     from tasks.local_servers import launch_fleet, registry_for, stop_fleet
     from tasks.monitor import FleetMonitor, SGLangMetrics
@@ -109,7 +109,8 @@ def pipeline_run(servers: int, time_scale: float, prompts: int) -> PipelineResul
                                      "sampling.max_new_tokens": MAX_NEW})
         out = Path(settings.output)
         state = prepare_job(src, out, settings.shard_size)
-        handles = launch_fleet(engine_for(settings).launch_specs(settings, out), registry_for(out),
+        handles = launch_fleet(build_engine(settings).launch_specs(settings.server, out),
+                               registry_for(out),
                                "b", 5.0)
         monitor = FleetMonitor(1.0, None, SGLangMetrics())
         try:

@@ -260,16 +260,16 @@ def _manifest_progress(output: Path) -> Iterator[None]:
 
 
 def _print_launch_commands(settings: Any) -> None:
-    from tasks.engines import engine_for
+    from tasks.engines import build_engine
     from tasks.local_servers import LaunchError
 
-    engine = engine_for(settings)
+    engine = build_engine(settings)
     if not engine.owns_servers:
         print(f"# engine=external: no server is started; the job uses {len(settings.server_urls)}"
               f" running server(s): {', '.join(settings.server_urls)}")
         return
     try:
-        specs = engine.launch_specs(settings, settings.local_output())
+        specs = engine.launch_specs(settings.server, settings.local_output())
     except (ValueError, LaunchError) as exc:
         fail(str(exc))
         return

@@ -24,7 +24,7 @@ def sim(
 ) -> None:
     """Start a simulated SGLang fleet for manual use; print its URLs; Ctrl-C stops it."""
     from infra.settings import SettingsError, load_settings
-    from tasks.engines import engine_for
+    from tasks.engines import build_engine
     from tasks.health import ServerStartFailed
 
     try:
@@ -34,8 +34,8 @@ def sim(
         fail(str(exc))
         return
     out = output.resolve()
-    engine = engine_for(settings)
-    handles = engine.start(settings, out, 1)
+    engine = build_engine(settings)
+    handles = engine.start(settings.server, out, 1)
     stopping = False
 
     def _stop(*_: Any) -> None:
@@ -44,7 +44,7 @@ def sim(
 
     signal.signal(signal.SIGTERM, _stop)
     try:
-        engine.wait_healthy(handles, settings)
+        engine.wait_healthy(handles)
         for h in handles:
             console.print(f"{h.url}  (GPU {h.gpu}, log {h.log_path})")
         console.print("Ctrl-C to stop.")
@@ -55,7 +55,7 @@ def sim(
     except KeyboardInterrupt:
         pass
     finally:
-        engine.stop(handles, out, settings)
+        engine.stop(handles, out)
 
 
 @app.command("setup-prefect")

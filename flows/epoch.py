@@ -54,10 +54,11 @@ def run_epoch(state: JobState, ctx: JobContext, tuner: Tuner, epoch: int) -> Epo
     ctx.progress.uploader = uploader
     fleet: RollingFleet | None = None
     try:
-        handles = launch_servers(settings, str(ctx.out), epoch)
-        fleet = RollingFleet(handles, settings, ctx.out, epoch, ctx.logger)
+        engine = tuner.engine
+        handles = launch_servers(engine, settings.server, str(ctx.out), epoch)
+        fleet = RollingFleet(handles, engine, settings, ctx.out, epoch, ctx.logger)
         try:
-            took = wait_healthy(handles, settings)
+            took = wait_healthy(handles, engine)
         except ServerStartFailed as exc:
             if epoch == tuner.first_epoch and tuner.resumed is None:
                 raise  # nothing known to work: the user's config must be fixed
@@ -73,7 +74,7 @@ def run_epoch(state: JobState, ctx: JobContext, tuner: Tuner, epoch: int) -> Epo
 def _serve(state: JobState, ctx: JobContext, tuner: Tuner, epoch: int, fleet: RollingFleet,
            startup_s: float) -> WatchResult:
     settings = tuner.settings
-    caps = measure_capacity(fleet.handles(), settings)
+    caps = measure_capacity(fleet.handles(), fleet.engine)
     fleet.caps = {c.index: c for c in caps}
     capacity_artifact(settings, caps)
     note = capacity_note(tuner.fleet_measured(epoch, caps), caps)
@@ -100,8 +101,7 @@ def _serve(state: JobState, ctx: JobContext, tuner: Tuner, epoch: int, fleet: Ro
 
 def _stop(ctx: JobContext, tuner: Tuner, handles: list[ServerHandle],
           uploader: ShardUploader | None) -> None:
-    settings = tuner.settings
-    report = stop_servers(handles, str(ctx.out), settings) if handles else None
+    report = stop_servers(handles, str(ctx.out), tuner.engine) if handles else None
     if report is not None:
         ctx.logger.info("stopped %d servers (SIGKILLed: %s, ports still busy: %s)",
                         report.stopped, report.killed or "none", report.ports_busy or "none")

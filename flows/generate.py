@@ -33,7 +33,7 @@ from infra.prompts import validate_input
 from infra.settings import NULL, JobSettings, load_settings
 from infra.storage import Destination, StorageError, open_destination
 from tasks.capacity import capacity_note
-from tasks.engines import engine_for, model_is_hybrid
+from tasks.engines import build_engine, model_is_hybrid
 from tasks.feed import starved_times
 from tasks.monitor import FleetMonitor
 from tasks.run_ends import DISK_ERRNOS, BucketUnreachable, free_space_note, writing_output
@@ -94,9 +94,9 @@ def preflight(settings: JobSettings, check_input: bool = True,
     settings that are likely to hurt)."""
     if check_input:  # the flow skips it: plan_shards validates before any server starts
         validate_input(settings.prompts)
-    engine = engine_for(settings)
-    specs = engine.launch_specs(settings, settings.local_output())
-    engine.check_before_start(settings)
+    engine = build_engine(settings)
+    specs = engine.launch_specs(settings.server, settings.local_output())
+    engine.check_before_start()
     problem = location_problem(settings) or lease_problem(settings, node)
     if problem:
         raise ValueError(problem)
@@ -121,7 +121,7 @@ def _stop_fleet_hook(flow_: Any, flow_run: Any, state: Any) -> None:
     except Exception:  # a hook must never raise; without settings there is nothing to stop
         return
     # (no handles: the engine stops what the output's registry lists, if it owns servers)
-    engine_for(settings).stop([], job_paths(settings, node)[0], settings)
+    build_engine(settings).stop([], job_paths(settings, node)[0])
 
 
 def summarize(tuner: Tuner, state: JobState, totals: RunTotals, seconds: float) -> RunSummary:
@@ -207,10 +207,10 @@ def _generate_into(settings: JobSettings, out: Path, target: str | None,
         logger.info("workload the input fixes (%d rows sampled): %s",
                     totals.input_lengths.rows_sampled, totals.input_lengths.describe())
     started = time.monotonic()
-    monitor = FleetMonitor(settings.tuning.sample_interval_s,
-                           settings.api_key.get_secret_value() if settings.api_key else None,
-                           engine_for(settings).metrics)
-    tuner = Tuner(settings, TuningLedger(out / "tuning.jsonl"), monitor, totals, logger)
+    engine = build_engine(settings)
+    monitor = FleetMonitor(settings.tuning.sample_interval_s, engine.api_key, engine.metrics)
+    tuner = Tuner(settings, engine, TuningLedger(out / "tuning.jsonl"), monitor, totals,
+                  logger)
     if state.pending:
         monitor.start()
         try:

@@ -178,9 +178,10 @@ class JobSettings(BaseSettings):
                         description="output folder, or s3://bucket/prefix (staged locally)")
     upload_to: str | None = Field(None, description="also copy committed shards here "
                                   "(s3://bucket/prefix or a folder)")
-    engine: Literal["sim", "sglang", "external"] = Field(
-        "sim", description="sim (simulated fleet), sglang (servers this job starts), or "
-        "external (servers someone else runs, at server_urls: never stopped or restarted)")
+    engine: Literal["sim", "sglang", "external", "vllm"] = Field(
+        "sim", description="sim (simulated fleet), sglang (servers this job starts), "
+        "external (servers someone else runs, at server_urls: never stopped or restarted), "
+        "or vllm (`vllm serve` servers this job starts; measured, never tuned)")
     server_urls: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="engine=external: the servers' base URLs, "
         "comma-separated (http://host:port); describe their flags under [server]")

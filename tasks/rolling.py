@@ -19,7 +19,7 @@ from infra.gpu import wait_memory_released
 from infra.processes import is_ours_and_alive
 from infra.settings import JobSettings
 from tasks.capacity import Capacity
-from tasks.engines import LocalServers, engine_for
+from tasks.engines import Engine, LocalServers
 from tasks.fleet_control import FleetControl
 from tasks.health import StartAborted
 from tasks.local_servers import LaunchError, ServerHandle
@@ -39,8 +39,9 @@ class Replaced:
 class RollingFleet:
     """The servers of one epoch as they change; `handles()` is what the epoch stops."""
 
-    def __init__(self, handles: list[ServerHandle], settings: JobSettings, out: Path,
-                 epoch: int, logger: Any) -> None:
+    def __init__(self, handles: list[ServerHandle], engine: Engine, settings: JobSettings,
+                 out: Path, epoch: int, logger: Any) -> None:
+        self.engine = engine
         self._handles = {h.index: h for h in handles}
         self.caps: dict[int, Capacity] = {}
         self.config = {h.index: settings for h in handles}  # what each server runs
@@ -87,22 +88,21 @@ class RollingFleet:
         name = f"server-{index}"
         self.control.retire(name)
         left = self.control.wait_drained(name, settings.tuning.drain_timeout_s)
-        engine = _own_engine(settings)
-        engine.stop_one(self._handles[index], settings, self.out)
+        engine = _own_engine(self.engine)
+        engine.stop_one(self._handles[index], self.out)
         if engine.checks_gpu_memory_after_stop and settings.servers_per_gpu == 1:
             wait_memory_released([self._handles[index].gpu])
         if self.abort.is_set():
             raise StartAborted(f"{name}: not restarted, the epoch is ending",
                                self._handles[index], "")
-        spec = engine.launch_specs(settings, self.out, self.epoch)[index]
+        spec = engine.launch_specs(settings.server, self.out, self.epoch)[index]
         log = spec.log_path.with_name(spec.log_path.name.replace(".log", f".{tag}.log"))
-        handle = engine.start_one(replace(spec, log_path=log), settings, self.out)
+        handle = engine.start_one(replace(spec, log_path=log), settings.server, self.out)
         with self._lock:  # from here the epoch's stop must find the new process
             self._handles[index] = handle
             self.config[index] = settings
-        startup = engine.wait_healthy([handle], settings, abort=self.abort)
-        cap = engine.capacity(handle, settings.api_key.get_secret_value()
-                              if settings.api_key else None)
+        startup = engine.wait_healthy([handle], abort=self.abort)
+        cap = engine.capacity(handle)
         with self._lock:
             self.caps[index] = cap
         self.control.join(endpoint_of(settings, cap))
@@ -125,9 +125,8 @@ class RollingFleet:
         return Replaced(index, cap, 0.0, 0.0, 0, restarted=False)
 
 
-def _own_engine(settings: JobSettings) -> LocalServers:
+def _own_engine(engine: Engine) -> LocalServers:
     """The engine of servers this job runs itself: only those are restarted."""
-    engine = engine_for(settings)
     if not isinstance(engine, LocalServers):
-        raise LaunchError(f"engine={settings.engine}: this job does not restart these servers")
+        raise LaunchError(f"engine={engine.name}: this job does not restart these servers")
     return engine

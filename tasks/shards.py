@@ -24,7 +24,7 @@ from infra.settings import JobSettings
 from infra.sglang.profiles import model_profile
 from tasks.capacity import Capacity, client_limit
 from tasks.dispatch import Dispatcher, DispatchOptions, DispatchStats, Endpoint
-from tasks.engines import engine_for
+from tasks.engines import ENGINES
 from tasks.first_batch import (
     FleetCannotServe,
     forget_failure,
@@ -141,7 +141,7 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
         keep_input_columns=settings.keep_input_columns,
         prefix_key_chars=settings.client.prefix_affinity_chars,
         vocab_size=model_vocab_size(settings),
-        shapes=engine_for(settings).requests,
+        shapes=ENGINES[settings.engine].requests,  # the engine's API: a fact of its kind
         first_batch_relaunches=0 if recorded_failure(Path(state.output), flags_key) else 1,
     )
 

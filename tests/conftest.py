@@ -15,7 +15,7 @@ import pytest
 
 from infra.processes import port_is_free
 from infra.settings import JobSettings, load_settings
-from tasks.engines import engine_for
+from tasks.engines import build_engine
 from tasks.health import wait_until_healthy
 from tasks.local_servers import ServerHandle, launch_fleet, registry_for, stop_fleet
 from tests import session as run_session
@@ -63,7 +63,8 @@ def sim_fleet(tmp_path: Path) -> Iterator[Callable[..., list[ServerHandle]]]:
     def start(n: int = 2, wait: bool = True, **overrides: Any) -> list[ServerHandle]:
         settings = sim_settings(tmp_path, n, **overrides)
         out = Path(settings.output)
-        handles = launch_fleet(engine_for(settings).launch_specs(settings, out), registry_for(out),
+        handles = launch_fleet(build_engine(settings).launch_specs(settings.server, out),
+                               registry_for(out),
                                settings.server.fingerprint(), 5.0)
         started.append((handles, out))
         if wait:

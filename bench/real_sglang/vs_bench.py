@@ -71,9 +71,9 @@ def wait_healthy(url: str, timeout_s: float) -> float:
 
 
 def run_benchmark(args: argparse.Namespace, settings: Any, out: Path) -> dict[str, Any]:
-    from tasks.engines import engine_for
+    from tasks.engines import build_engine
 
-    spec = engine_for(settings).launch_specs(settings, out / "bench-server", 1)[0]
+    spec = build_engine(settings).launch_specs(settings.server, out / "bench-server", 1)[0]
     env = {**os.environ, **spec.env}
     with open(out / "bench-server.log", "w") as log:
         proc = subprocess.Popen(spec.argv, env=env, stdout=log, stderr=subprocess.STDOUT,

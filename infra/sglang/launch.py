@@ -78,8 +78,16 @@ def no_buffer_demands_overlap_off(flags: ServerFlags, version: SGLangVersion) ->
 def server_args(flags: ServerFlags, version: SGLangVersion, *, model: str, host: str,
                 port: int, api_key: str | None, hybrid: bool = True) -> list[str]:
     """The SGLang CLI flags for one server (without the executable)."""
-    check_flags(flags, version, hybrid)
     args = ["--model-path", model, "--host", host, "--port", str(port)]
+    return args + config_args(flags, version, api_key=api_key, hybrid=hybrid)
+
+
+def config_args(flags: ServerFlags, version: SGLangVersion, *, api_key: str | None = None,
+                hybrid: bool = True) -> list[str]:
+    """The flags that follow the model, host and port: what a configuration changes (and the
+    API key), as pasted after `launch_server --model-path M --host H --port P`."""
+    check_flags(flags, version, hybrid)
+    args: list[str] = []
     if api_key:
         if "--config" in flags.extra_args:
             raise UnsupportedFlags(

@@ -16,24 +16,25 @@ from urllib.parse import urlsplit
 import httpx
 
 from infra.processes import ProcessRecord
-from infra.settings import JobSettings
+from infra.sglang.flags import ServerFlags
 from infra.sglang.launch import LaunchSpec
 from infra.sglang.memory import DEFAULT_VERSION
 from infra.sglang.versions import SGLangVersion, parse_version
-from tasks.engines.base import Engine
+from tasks.engines.sglang_family import SGLangFamily
 from tasks.local_servers import ServerHandle, StopReport
 
 
-class ExternalServers(Engine):
+class ExternalServers(SGLangFamily):
     name = "external"
     owns_servers = False
 
-    def version(self, settings: JobSettings) -> SGLangVersion:
-        return parse_version(settings.sglang_version or DEFAULT_VERSION)
+    def version(self) -> SGLangVersion:
+        return parse_version(self.settings.sglang_version or DEFAULT_VERSION)
 
-    def check_before_start(self, settings: JobSettings) -> None:
-        """Every server answers /health before anything starts (a typo in a URL was found
-        only when the dispatcher gave up on it)."""
+    def check_before_start(self) -> None:
+        """Every server answers /health before anything starts (else a typo in a URL shows
+        only when the dispatcher gives up on it)."""
+        settings = self.settings
         headers = ({"Authorization": f"Bearer {settings.api_key.get_secret_value()}"}
                    if settings.api_key else {})
         for url in settings.server_urls:
@@ -46,22 +47,21 @@ class ExternalServers(Engine):
                 raise ValueError(f"server_urls: {url}/health answered {status}; wait until it "
                                  "is up (or give api_key if it needs one)")
 
-    def launch_specs(self, settings: JobSettings, output: Path,
+    def launch_specs(self, flags: ServerFlags, output: Path,
                      epoch: int = 1) -> list[LaunchSpec]:
         return []  # nothing to launch
 
-    def start(self, settings: JobSettings, output: Path, epoch: int) -> list[ServerHandle]:
+    def start(self, flags: ServerFlags, output: Path, epoch: int) -> list[ServerHandle]:
         """Handles on the servers: no process of ours (pid 0: the health wait asks /health
         only), no log of ours."""
         handles = []
-        for index, url in enumerate(settings.server_urls):
+        for index, url in enumerate(self.settings.server_urls):
             parts = urlsplit(url)
             port = parts.port or (443 if parts.scheme == "https" else 80)
             record = ProcessRecord(0, 0, port, parts.hostname or "", "", [])
             handles.append(ServerHandle(index, -1, url, "", record,
-                                        settings.server.fingerprint()))
+                                        flags.fingerprint()))
         return handles
 
-    def stop(self, handles: list[ServerHandle], output: Path,
-             settings: JobSettings) -> StopReport | None:
+    def stop(self, handles: list[ServerHandle], output: Path) -> StopReport | None:
         return None  # someone else's: never stopped

@@ -8,20 +8,20 @@ from dataclasses import replace
 from pathlib import Path
 
 from infra.gpu import wait_memory_released
-from infra.settings import JobSettings
 from infra.sglang.versions import SGLangVersion, installed_version, parse_version
 from tasks.engines.base import LocalServers
+from tasks.engines.sglang_family import SGLangFamily
 from tasks.local_servers import LaunchError, ServerHandle, StopReport
 
 
-class RealSGLang(LocalServers):
+class RealSGLang(SGLangFamily, LocalServers):
     name = "sglang"
     module = "sglang.launch_server"
     checks_gpu_memory_after_stop = True
 
-    def version(self, settings: JobSettings) -> SGLangVersion:
-        if settings.sglang_version:
-            return parse_version(settings.sglang_version)
+    def version(self) -> SGLangVersion:
+        if self.settings.sglang_version:
+            return parse_version(self.settings.sglang_version)
         found = installed_version()
         if found is None:
             raise LaunchError(
@@ -29,21 +29,20 @@ class RealSGLang(LocalServers):
                 "set sglang_version (and python) to the SGLang that runs on the GPU nodes")
         return found
 
-    def check_before_start(self, settings: JobSettings) -> None:
-        """Also: SGLang is importable by the Python that launches it (without this the first
-        launch failed 40 s in, after Prefect had started, with a 46-line traceback)."""
-        super().check_before_start(settings)
-        python = settings.python or sys.executable
+    def check_before_start(self) -> None:
+        """Also: SGLang is importable by the Python that launches it (a launch without it
+        fails 40 s in, after Prefect has started, with a 46-line traceback)."""
+        super().check_before_start()
+        python = self.settings.python or sys.executable
         if not module_importable(python, "sglang"):
             raise ValueError(
                 f"python: SGLang is not installed for {python}; install 'expansion[sglang]' "
                 "there, or set python to the interpreter on the GPU nodes that has it")
 
-    def stop(self, handles: list[ServerHandle], output: Path,
-             settings: JobSettings) -> StopReport | None:
+    def stop(self, handles: list[ServerHandle], output: Path) -> StopReport | None:
         """Also wait for nvidia-smi to show the memory freed: a next launch on a GPU still
         holding the last one's memory gets smaller pools."""
-        report = super().stop(handles, output, settings)
+        report = super().stop(handles, output)
         gpus = sorted({h.gpu for h in handles})  # several servers may share one GPU
         return replace(report, gpus_busy=wait_memory_released(gpus)) if report else None
 

@@ -7,24 +7,26 @@ import json
 import os
 from pathlib import Path
 
-from infra.settings import JobSettings
 from infra.sglang.memory import DEFAULT_VERSION
 from infra.sglang.profiles import gpu_profile, model_profile
 from infra.sglang.versions import SGLangVersion, parse_version
 from tasks.engines.base import LocalServers
+from tasks.engines.sglang_family import SGLangFamily
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 
 
-class SimulatedSGLang(LocalServers):
+class SimulatedSGLang(SGLangFamily, LocalServers):
     name = "sim"
     module = "infra.sim"  # takes SGLang's own flags
 
-    def version(self, settings: JobSettings) -> SGLangVersion:
+    def version(self) -> SGLangVersion:
+        settings = self.settings
         return parse_version(settings.sglang_version or settings.sim.sglang_version
                              or DEFAULT_VERSION)
 
-    def env(self, settings: JobSettings, version: SGLangVersion) -> dict[str, str]:
+    def env(self) -> dict[str, str]:
+        settings, version = self.settings, self.version()
         sim = settings.sim
         # The checkout first (the simulator's code), then whatever the caller's PYTHONPATH
         # holds: its dependencies may live there (a device with packages beside Python).
@@ -42,14 +44,14 @@ class SimulatedSGLang(LocalServers):
                                                    f"{sim.output_p99_tokens}")
         return env
 
-    def gpu_name(self, settings: JobSettings) -> str:
-        return settings.sim.gpu
+    def gpu_name(self) -> str:
+        return self.settings.sim.gpu
 
-    def time_scale(self, settings: JobSettings) -> float:
-        return settings.sim.time_scale
+    def time_scale(self) -> float:
+        return self.settings.sim.time_scale
 
-    def check_before_start(self, settings: JobSettings) -> None:
+    def check_before_start(self) -> None:
         # The simulator needs profiles to size its pools; real SGLang reads the model itself.
-        model_profile(settings.model, settings.weights_gib)
-        super().check_before_start(settings)
-        gpu_profile(settings.sim.gpu)
+        model_profile(self.settings.model, self.settings.weights_gib)
+        super().check_before_start()
+        gpu_profile(self.settings.sim.gpu)

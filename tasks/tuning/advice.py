@@ -16,21 +16,20 @@ from typing import Any
 
 from prefect.artifacts import create_markdown_artifact
 
-from infra.settings import JobSettings
-from tasks.engines import engine_for
+from tasks.engines import Engine
 from tasks.tuning.diagnosis import Diagnosis
 from tasks.tuning.policy import Proposal
 from tasks.tuning.state import TunerState
 from tasks.tuning.watch import RegressionWatch
 
 
-def launch_flags(settings: JobSettings, proposal: Proposal) -> str:
-    """The SGLang flags of the proposed configuration, as one would paste them after
+def launch_flags(engine: Engine, proposal: Proposal) -> str:
+    """The server flags of the proposed configuration, as one would paste them after
     `python -m sglang.launch_server --model-path M --host H --port P`."""
-    return " ".join(engine_for(settings).server_flags(settings, proposal.flags))
+    return " ".join(engine.server_flags(proposal.flags))
 
 
-def advice_record(settings: JobSettings, diag: Diagnosis, proposal: Proposal) -> dict[str, Any]:
+def advice_record(engine: Engine, diag: Diagnosis, proposal: Proposal) -> dict[str, Any]:
     return {
         "diagnosis": diag.kind, "evidence": diag.evidence,
         "measured_tok_s_per_gpu": round(diag.tok_s_per_gpu, 1),
@@ -38,7 +37,7 @@ def advice_record(settings: JobSettings, diag: Diagnosis, proposal: Proposal) ->
                                     if proposal.predicted_tok_s_per_gpu is not None else None),
         "predicted_gain": (round(proposal.predicted_gain, 3)
                            if proposal.predicted_gain is not None else None),
-        "launch_flags": launch_flags(settings, proposal),
+        "launch_flags": launch_flags(engine, proposal),
         "client_concurrency_per_server": proposal.concurrency,
         "flags": proposal.flags.model_dump(exclude_none=True, exclude={"extra_args"}),
         "reason": proposal.reason,
@@ -50,7 +49,7 @@ def advice_handler(state: TunerState,
     """The watch's `on_proposal` for servers the job does not own: write the move down."""
 
     def handle(diag: Diagnosis, proposal: Proposal) -> bool:
-        record = advice_record(state.settings, diag, proposal)
+        record = advice_record(state.engine, diag, proposal)
         state.advice.append(record)
         state.logger.warning("advice (engine=external: these servers are not restarted by "
                              "this job): relaunch them with %s — %s", record["launch_flags"],

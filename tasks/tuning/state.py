@@ -15,6 +15,7 @@ from infra.sglang.hardware import Hardware
 from infra.sglang.memory import MemoryPlan
 from infra.sglang.planner import MAX_MEM_FRACTION
 from tasks.capacity import Capacity
+from tasks.engines import Engine
 from tasks.monitor import FleetMonitor
 from tasks.totals import RunTotals
 from tasks.tuning.cycles import Cycle, cycles_artifact
@@ -28,7 +29,7 @@ class TunerState:
     monitor: FleetMonitor
     totals: RunTotals  # what the commits say about the workload
     logger: Any
-    time_scale: float  # modeled GPU seconds per wall second (1 on a real GPU)
+    engine: Engine  # the run's, built once: launches, measures and speaks to the servers
     hardware: Hardware | None = None  # None: model, GPU or version unknown — no moves
     mem_ceiling: float = MAX_MEM_FRACTION  # lowered after an out-of-memory start
     restarts: int = 0
@@ -39,6 +40,11 @@ class TunerState:
     capacities: list[Capacity] = field(default_factory=list)  # the servers' own figures now
     caps_by_epoch: dict[int, dict[str, int]] = field(default_factory=dict)  # for the report
     advice: list[dict[str, Any]] = field(default_factory=list)  # engine=external
+
+    @property
+    def time_scale(self) -> float:
+        """Modeled GPU seconds per wall second (1 on a real GPU)."""
+        return self.engine.time_scale()
 
     def record_cycle(self, cycle: Cycle) -> None:
         """Keep it, and rewrite the tuning-ledger artifact with it."""

@@ -20,7 +20,7 @@ from infra.settings import JobSettings
 from infra.sglang.flags import ServerFlags
 from infra.sglang.memory import MemoryPlan
 from tasks.capacity import Capacity
-from tasks.engines import engine_for
+from tasks.engines import Engine
 from tasks.health import ServerStartFailed
 from tasks.monitor import FleetMonitor
 from tasks.rolling import RollingFleet
@@ -92,20 +92,23 @@ class Pace:
 class Tuner:
     """One run's tuner: created once per flow run, asked at every epoch (module docstring)."""
 
-    def __init__(self, settings: JobSettings, ledger: TuningLedger, monitor: FleetMonitor,
-                 totals: RunTotals, logger: Any) -> None:
-        engine = engine_for(settings)
+    def __init__(self, settings: JobSettings, engine: Engine, ledger: TuningLedger,
+                 monitor: FleetMonitor, totals: RunTotals, logger: Any) -> None:
         self.resumed = (ledger.resume_point(settings.server, settings.client.concurrency_per_server)
                         if settings.tuning.enabled else None)
         self.first_epoch = ledger.last_epoch() + 1
         if self.resumed is not None:
             settings = _resume_on(settings, ledger, self.resumed, logger)
-        self.state = TunerState(settings, ledger, monitor, totals, logger,
-                                engine.time_scale(settings),
-                                engine.hardware(settings, None))
+        self.state = TunerState(settings, ledger, monitor, totals, logger, engine,
+                                engine.hardware(None))
         self.state.restarts = ledger.moves()
         if self.resumed is not None:
             self.state.predicted_tok_s_per_gpu = self.resumed.predicted_tok_s_per_gpu
+
+    @property
+    def engine(self) -> Engine:
+        """The run's engine, built once."""
+        return self.state.engine
 
     @property
     def settings(self) -> JobSettings:
@@ -150,7 +153,7 @@ class Tuner:
     def fleet_measured(self, epoch: int, caps: list[Capacity]) -> MemoryPlan | None:
         """The servers' own capacities (and the SGLang version they report) are known: the
         hardware the policy reasons about, and the memory model's view of the flags."""
-        self.state.hardware = engine_for(self.settings).hardware(self.settings, caps[0].version)
+        self.state.hardware = self.state.engine.hardware(caps[0].version)
         self.state.capacities_changed(epoch, caps)
         return self.state.memory_plan()
 
@@ -174,7 +177,7 @@ class Tuner:
         watch.work_left_s = pace.work_left_s
         # one line per changed verdict, else one per ten windows of wall clock
         watch.on_check = CheckLog(state.logger.info, 10 * settings.tuning.window_s)
-        if engine_for(settings).owns_servers:
+        if state.engine.owns_servers:
             watch.on_proposal = canary_handler(state, fleet, epoch, watch)
             watch.on_asymmetric = asymmetry_handler(state, fleet, epoch, watch)
             watch.on_dead = relaunch_handler(state, fleet, epoch, watch)

@@ -13,7 +13,7 @@ MODEL_27B = Path(__file__).resolve().parents[1] / "fixtures" / "models" / "qwen3
 
 @pytest.fixture(scope="module")
 def sim_url(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from tasks.engines import engine_for
+    from tasks.engines import build_engine
     from tasks.health import wait_until_healthy
     from tasks.local_servers import launch_fleet, registry_for, stop_fleet
     from tests.conftest import sim_settings
@@ -23,7 +23,8 @@ def sim_url(tmp_path_factory: pytest.TempPathFactory) -> Any:
                             gpu_type="h200", sglang_version="0.5.17",
                             **{"sim.gpu": "h200", "server.mamba_strategy": "extra_buffer"})
     out = Path(settings.output)
-    handles = launch_fleet(engine_for(settings).launch_specs(settings, out), registry_for(out),
+    handles = launch_fleet(build_engine(settings).launch_specs(settings.server, out),
+                           registry_for(out),
                            settings.server.fingerprint(), 5.0)
     try:
         wait_until_healthy(handles, None, 60.0)

@@ -33,7 +33,7 @@ CASES: list[tuple[str, str | bytes | None, list[str], str]] = [
      "server.mem_fraction_static"),
     ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]), ["--set", "bogus=1"], "bogus: unknown"),
     ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]), ["--gpus", "a,b"], "--gpus"),
-    ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]), ["--engine", "vllm"], "engine:"),
+    ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]), ["--engine", "tgi"], "engine:"),
     ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]), ["--set", "sglang_version=banana"],
      "sglang_version"),
     ("ok.jsonl", jsonl([{"id": 1, "prompt": "a"}]), ["--model", "nope/Nope-1B"],

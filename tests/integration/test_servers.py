@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from infra.processes import ProcessRecord, ProcessRegistry, is_alive, port_is_free
-from tasks.engines import engine_for
+from tasks.engines import build_engine
 from tasks.local_servers import LaunchError, launch_fleet, registry_for, stop_fleet
 from tests.conftest import sim_settings
 
@@ -29,11 +29,11 @@ def test_stop_verifies_processes_gone_and_ports_free(sim_fleet, tmp_path: Path) 
 def test_rerun_stops_servers_left_by_a_dead_run(tmp_path: Path) -> None:
     settings = sim_settings(tmp_path, 1)
     out = Path(settings.output)
-    first = launch_fleet(engine_for(settings).launch_specs(settings, out), registry_for(out),
-                         "c", 5.0)
+    first = launch_fleet(build_engine(settings).launch_specs(settings.server, out),
+                         registry_for(out), "c", 5.0)
     old_pid = first[0].record.pid
-    second = launch_fleet(engine_for(settings).launch_specs(settings, out), registry_for(out),
-                         "c", 5.0)
+    second = launch_fleet(build_engine(settings).launch_specs(settings.server, out),
+                          registry_for(out), "c", 5.0)
     try:
         assert not is_alive(old_pid)
         assert second[0].record.pid != old_pid
@@ -62,13 +62,14 @@ def test_port_held_by_another_program_is_a_clear_error(tmp_path: Path) -> None:
         sock.bind(("127.0.0.1", settings.base_port))
         sock.listen()
         with pytest.raises(LaunchError, match="in use by another program"):
-            launch_fleet(engine_for(settings).launch_specs(settings, Path(settings.output)),
-                         registry_for(Path(settings.output)), "c", 5.0)
+            out = Path(settings.output)
+            launch_fleet(build_engine(settings).launch_specs(settings.server, out),
+                         registry_for(out), "c", 5.0)
 
 
 def test_servers_get_their_gpu_and_a_log_each(tmp_path: Path) -> None:
     settings = sim_settings(tmp_path, 2, gpus=[3, 5])
-    specs = engine_for(settings).launch_specs(settings, Path(settings.output))
+    specs = build_engine(settings).launch_specs(settings.server, Path(settings.output))
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["3", "5"]
     assert len({s.port for s in specs}) == 2
     assert [s.log_path.name for s in specs] == ["server-0-gpu3.log", "server-1-gpu5.log"]
@@ -105,10 +106,10 @@ def test_the_api_key_is_never_on_a_command_line(sim_fleet, tmp_path: Path) -> No
 def test_several_servers_share_one_gpu(tmp_path: Path) -> None:
     """servers_per_gpu: consecutive ports and logs per server, the same CUDA device."""
     from infra.settings import load_settings
-    from tasks.engines import engine_for
+    from tasks.engines import build_engine
 
     settings = load_settings(None, gpus=[0, 1], servers_per_gpu=3, base_port=31000)
-    specs = engine_for(settings).launch_specs(settings, tmp_path)
+    specs = build_engine(settings).launch_specs(settings.server, tmp_path)
     assert [s.port for s in specs] == list(range(31000, 31006))
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["0"] * 3 + ["1"] * 3
     assert len({s.log_path for s in specs}) == 6

@@ -70,7 +70,7 @@ def test_argv_is_a_list_and_the_api_key_is_redacted_in_the_shell_line() -> None:
 
 def test_sim_and_sglang_share_the_flags_and_differ_in_their_adapters() -> None:
     from infra.settings import load_settings
-    from tasks.engines import engine_for
+    from tasks.engines import build_engine
     from tasks.engines.sglang import RealSGLang
     from tasks.engines.sim import SimulatedSGLang
 
@@ -79,17 +79,17 @@ def test_sim_and_sglang_share_the_flags_and_differ_in_their_adapters() -> None:
     sim = load_settings(None, engine="sim", python="py", sglang_version="0.5.17",
                         **{"sim.gpu": "h200", "sim.time_scale": 7.0})
     real = sim.model_copy(update={"engine": "sglang"})
-    sim_engine, real_engine = engine_for(sim), engine_for(real)
+    sim_engine, real_engine = build_engine(sim), build_engine(real)
     assert isinstance(sim_engine, SimulatedSGLang)
     assert isinstance(real_engine, RealSGLang)
-    assert sim_engine.program(sim) == ["py", "-m", "infra.sim"]
-    assert real_engine.program(real) == ["py", "-m", "sglang.launch_server"]
-    assert (sim_engine.time_scale(sim), real_engine.time_scale(real)) == (7.0, 1.0)
-    assert sim_engine.gpu_name(sim) == "h200"
-    assert real_engine.gpu_name(real) == real.gpu_type  # what the user says it is
-    assert sim_engine.env(sim, sim_engine.version(sim))["EXPANSION_SIM_GPU"] == "h200"
-    assert real_engine.env(real, real_engine.version(real)) == {}
-    assert engine_for(real).checks_gpu_memory_after_stop
+    assert sim_engine.program() == ["py", "-m", "infra.sim"]
+    assert real_engine.program() == ["py", "-m", "sglang.launch_server"]
+    assert (sim_engine.time_scale(), real_engine.time_scale()) == (7.0, 1.0)
+    assert sim_engine.gpu_name() == "h200"
+    assert real_engine.gpu_name() == real.gpu_type  # what the user says it is
+    assert sim_engine.env()["EXPANSION_SIM_GPU"] == "h200"
+    assert real_engine.env() == {}
+    assert real_engine.checks_gpu_memory_after_stop
 
 
 def test_unknown_version_string_is_a_clear_error() -> None:

@@ -190,7 +190,7 @@ def test_triton_attention_is_refused_for_hybrids_that_start_with_a_state_layer(
     """Real 0.5.17 refuses triton for NemotronH and LFM2 and dies with it on Granite-4.0-H
     (its first layer is mamba); Falcon-H1 ran on it (session 9)."""
     from infra.settings import JobSettings
-    from tasks.engines.base import check_attention_backend
+    from tasks.engines.sglang_family import check_attention_backend
 
     settings = JobSettings(model=str(MODELS / model), weights_gib=2.0, engine="sglang",
                            sglang_version="0.5.17",

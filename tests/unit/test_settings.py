@@ -45,7 +45,7 @@ def test_dotenv_file_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     ("server.mem_fraction_static", 1.5, "server.mem_fraction_static: Input should be less than 1"),
     ("server.mem_fraction_static", 0, "server.mem_fraction_static: Input should be greater"),
     ("gpus", [0, 0], "gpus: GPU indices must be distinct"),
-    ("engine", "vllm", "engine: Input should be 'sim', 'sglang' or 'external'"),
+    ("engine", "tgi", "engine: Input should be 'sim', 'sglang', 'external' or 'vllm'"),
     ("nonsense", 1, "nonsense: unknown setting"),
     ("shard_size", 0, "shard_size: Input should be greater than or equal to 1"),
 ])

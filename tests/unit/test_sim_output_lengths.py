@@ -10,7 +10,7 @@ import pytest
 from infra.settings import load_settings
 from infra.sim.config import parse_sim_args
 from infra.sim.text import complete
-from tasks.engines import LocalServers, engine_for
+from tasks.engines import LocalServers, build_engine
 
 
 def test_lengths_follow_the_mean_and_p99_and_stop_at_max_new_tokens() -> None:
@@ -31,9 +31,9 @@ def test_lengths_follow_the_mean_and_p99_and_stop_at_max_new_tokens() -> None:
 def test_the_setting_reaches_the_simulated_server() -> None:
     settings = load_settings(None, engine="sim", **{"sim.output_mean_tokens": 2000,
                                                      "sim.output_p99_tokens": 16000})
-    engine = engine_for(settings)
+    engine = build_engine(settings)
     assert isinstance(engine, LocalServers)
-    env = engine.env(settings, engine.version(settings))  # what the launcher gives it
+    env = engine.env()  # what the launcher gives it
     cfg = parse_sim_args(["--model-path", "Qwen/Qwen3.6-27B"], env)
     assert cfg.output_lengths == (2000, 16000)
 
