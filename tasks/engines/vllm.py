@@ -115,19 +115,19 @@ class VLLMRequests:
         return "/v1/completions", body
 
     def parse(self, path: str, body: Any) -> Answer:
+        """A completions answer read as the chat answer it differs from only in where the
+        text sits (`choices[0].text`): one reader of the OpenAI usage block."""
         if path != "/v1/completions":
             return parse_sglang_response(path, body)
         try:
-            choice, usage = body["choices"][0], body["usage"]
-            return Answer(completion=str(choice["text"]),
-                          finish_reason=str(choice.get("finish_reason")),
-                          prompt_tokens=int(usage["prompt_tokens"]),
-                          completion_tokens=int(usage["completion_tokens"]),
-                          cached_tokens=int((usage.get("prompt_tokens_details") or {}).get(
-                              "cached_tokens") or 0))
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            choice = body["choices"][0]
+            as_chat = {"choices": [{"message": {"content": choice["text"]},
+                                    "finish_reason": choice.get("finish_reason")}],
+                       "usage": body["usage"]}
+        except (KeyError, IndexError, TypeError) as exc:
             raise MalformedAnswer(
                 f"malformed answer from server ({type(exc).__name__}: {exc})") from exc
+        return parse_sglang_response("/v1/chat/completions", as_chat)
 
     def refusal(self, resp: httpx.Response) -> str:
         return error_message(resp)
