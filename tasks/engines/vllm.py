@@ -63,13 +63,13 @@ def cache_config(text: str) -> dict[str, str] | None:
     return None
 
 
-def _gauge(text: str, name: str) -> float | None:
-    total = None
+def _sums(text: str) -> dict[str, float]:
+    """Every sample's value by name, summed over label sets (engines), in one parse."""
+    sums: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == name:
-                total = (total or 0.0) + float(sample.value)
-    return total
+            sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
+    return sums
 
 
 class VLLMMetrics:
@@ -77,7 +77,8 @@ class VLLMMetrics:
 
     def read(self, text: str, server: str, t: float, epoch: int) -> Sample:
         try:
-            get = {name: _gauge(text, f"vllm:{name}") for name in (
+            sums = _sums(text)  # the monitor reads every server twice a second: parse once
+            get = {name: sums.get(f"vllm:{name}") for name in (
                 "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
                 "generation_tokens_total", "num_preemptions_total", "request_success_total")}
         except ValueError:
