@@ -63,7 +63,10 @@ GPUS: dict[str, GpuProfile] = {
     # torch 2.11 + CUDA 13.0; docs/REAL_SGLANG.md).
     "h200": GpuProfile("H200", total_mib=143771, bandwidth_gbs=4800, bf16_tflops=989,
                        context_gib=1.27),
-    "h100": GpuProfile("H100 80GB", total_mib=81559, bandwidth_gbs=3350, bf16_tflops=989),
+    # context_gib measured: "Load weight begin. avail mem=78.50 GB" of 79.65 on every H100 run
+    # (bench/real_sglang/data/*-h100-*).
+    "h100": GpuProfile("H100 80GB", total_mib=81559, bandwidth_gbs=3350, bf16_tflops=989,
+                       context_gib=1.15),
 }
 
 

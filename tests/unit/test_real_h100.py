@@ -46,14 +46,10 @@ def test_pools_on_a_gpu_no_run_measured(name: str) -> None:
     assert abs(plan.max_running_requests - rec["max_running_requests"]) <= 1
 
 
-KV_OFF = {"q27_default_h100": "planned 132,582 KV tokens, SGLang allocated 130,364 (+1.7 %) at "
-                              "the H100's default fraction 0.83; at 0.90 the plan is +0.6 %"}
-
-
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(reason=KV_OFF[n], strict=True)) if n in KV_OFF
-    else n for n in sorted(RAN)])
+@pytest.mark.parametrize("name", sorted(RAN))
 def test_kv_tokens_within_1_percent(name: str) -> None:
+    """Was +1.7 % at 0.83 while the H100's CUDA context was taken as 1.0 GiB: every H100 log
+    says 78.50 GiB free of 79.65 before the weights (1.15 GiB, profiles.py)."""
     rec = RAN[name]
     plan = plan_memory(Q27, H100, server_flags(rec["flags"]), V0517)
     assert plan.max_total_num_tokens == pytest.approx(rec["max_total_num_tokens"], rel=0.01)
