@@ -19,7 +19,9 @@ from infra.gpu import wait_memory_released
 from infra.processes import is_ours_and_alive
 from infra.settings import JobSettings
 from tasks.capacity import Capacity
+from tasks.dispatch import Endpoint
 from tasks.engines import Engine, LocalServers
+from tasks.fleet_config import FleetConfig
 from tasks.fleet_control import FleetControl
 from tasks.health import StartAborted
 from tasks.local_servers import LaunchError, ServerHandle
@@ -44,7 +46,8 @@ class RollingFleet:
         self.engine = engine
         self._handles = {h.index: h for h in handles}
         self.caps: dict[int, Capacity] = {}
-        self.config = {h.index: settings for h in handles}  # what each server runs
+        self.job = settings  # the job's facts (drain timeout, servers per GPU, queue target)
+        self.config = {h.index: FleetConfig.of(settings) for h in handles}  # what each runs
         self.out = out
         self.epoch = epoch
         self.control = FleetControl()  # servers leave and join the running dispatch
@@ -72,56 +75,60 @@ class RollingFleet:
         with self._lock:
             return [self.caps[i] for i in sorted(self.caps)]
 
-    def replace(self, index: int, settings: JobSettings, tag: str,
+    def replace(self, index: int, config: FleetConfig, tag: str,
                 force: bool = False) -> Replaced:
-        """Restart server `index` with `settings` (with the same server flags only when
-        `force`: otherwise the client limit changes in place); raises ServerStartFailed (the
-        server is then down and out of dispatch: the caller restores a known config)."""
+        """Restart server `index` on `config` (with the same server flags only when `force`:
+        otherwise the client limit changes in place); raises ServerStartFailed (the server is
+        then down and out of dispatch: the caller restores a known config)."""
         started = time.monotonic()
-        if not force and settings.server == self.config[index].server and index in self.caps:
-            return self._relimit(index, settings)
+        if not force and config.flags == self.config[index].flags and index in self.caps:
+            return self._relimit(index, config)
         with self.control.restarting():
-            return self._restart(index, settings, tag, started)
+            return self._restart(index, config, tag, started)
 
-    def _restart(self, index: int, settings: JobSettings, tag: str,
+    def _endpoint(self, config: FleetConfig, cap: Capacity) -> Endpoint:
+        return endpoint_of(config, self.job.client.queue_target, cap)
+
+    def _restart(self, index: int, config: FleetConfig, tag: str,
                  started: float) -> Replaced:
         name = f"server-{index}"
         self.control.retire(name)
-        left = self.control.wait_drained(name, settings.tuning.drain_timeout_s)
+        left = self.control.wait_drained(name, self.job.tuning.drain_timeout_s)
         engine = _own_engine(self.engine)
         engine.stop_one(self._handles[index], self.out)
-        if engine.checks_gpu_memory_after_stop and settings.servers_per_gpu == 1:
+        if engine.checks_gpu_memory_after_stop and self.job.servers_per_gpu == 1:
             wait_memory_released([self._handles[index].gpu])
         if self.abort.is_set():
             raise StartAborted(f"{name}: not restarted, the epoch is ending",
                                self._handles[index], "")
-        spec = engine.launch_specs(settings.server, self.out, self.epoch)[index]
+        spec = engine.launch_specs(config.flags, self.out, self.epoch)[index]
         log = spec.log_path.with_name(spec.log_path.name.replace(".log", f".{tag}.log"))
-        handle = engine.start_one(replace(spec, log_path=log), settings.server, self.out)
+        handle = engine.start_one(replace(spec, log_path=log), config.flags, self.out)
         with self._lock:  # from here the epoch's stop must find the new process
             self._handles[index] = handle
-            self.config[index] = settings
+            self.config[index] = config
         startup = engine.wait_healthy([handle], abort=self.abort)
         cap = engine.capacity(handle)
         with self._lock:
             self.caps[index] = cap
-        self.control.join(endpoint_of(settings, cap))
+        self.control.join(self._endpoint(config, cap))
         self.last_join = time.monotonic()
         out_s = time.monotonic() - started
         self.logger.info("%s restarted as %s (%s): healthy after %.0f s, cap %d, out of "
                          "dispatch %.0f s, %d in-flight request(s) failed over", name, tag,
-                         settings.server.fingerprint(), startup, cap.max_running_requests,
+                         config.flags.fingerprint(), startup, cap.max_running_requests,
                          out_s, left)
         return Replaced(index, cap, out_s, startup, left)
 
-    def _relimit(self, index: int, settings: JobSettings) -> Replaced:
+    def _relimit(self, index: int, config: FleetConfig) -> Replaced:
         """Same server flags, other client concurrency: no restart, new workers."""
         with self._lock:
-            self.config[index] = settings
+            self.config[index] = config
             cap = self.caps[index]
-        self.control.join(endpoint_of(settings, cap))
+        endpoint = self._endpoint(config, cap)
+        self.control.join(endpoint)
         self.logger.info("server-%d: client limit now %s (no restart needed)", index,
-                         endpoint_of(settings, cap).limit)
+                         endpoint.limit)
         return Replaced(index, cap, 0.0, 0.0, 0, restarted=False)
 
 

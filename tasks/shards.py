@@ -31,6 +31,7 @@ from tasks.first_batch import (
     record_failure,
     recorded_failure,
 )
+from tasks.fleet_config import FleetConfig
 from tasks.fleet_control import FleetControl
 from tasks.run_ends import OutputTakenOver, writing_output
 
@@ -86,14 +87,13 @@ def iter_pending_shards(plan: ShardPlan, pending: list[int],
 OnCommit = Callable[[ManifestEntry, list[int]], None]
 
 
-def endpoint_of(settings: JobSettings, cap: Capacity) -> Endpoint:
+def endpoint_of(config: FleetConfig, queue_target: int, cap: Capacity) -> Endpoint:
     """How the dispatcher sees one server: its name, URL, in-flight limit and config."""
+    flags = config.flags
     return Endpoint(name=f"server-{cap.index}", url=cap.url,
-                    limit=client_limit(cap, settings.client.concurrency_per_server,
-                                       settings.client.queue_target), config=cap.config,
+                    limit=client_limit(cap, config.concurrency, queue_target), config=cap.config,
                     version=cap.version, primes_prefixes=(
-                        settings.server.mamba_strategy == "no_buffer"
-                        and not settings.server.disable_radix_cache))
+                        flags.mamba_strategy == "no_buffer" and not flags.disable_radix_cache))
 
 
 def model_vocab_size(settings: JobSettings) -> int | None:
@@ -125,7 +125,8 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
                      control: FleetControl | None = None) -> DispatchStats:
     """Dispatch every pending shard across the fleet; commit shards as they complete."""
     manifest = Manifest(Path(state.output))
-    endpoints = [endpoint_of(settings, c) for c in capacities]
+    config = FleetConfig.of(settings)
+    endpoints = [endpoint_of(config, settings.client.queue_target, c) for c in capacities]
     flags_key = settings.server.fingerprint()
     s = settings.sampling
     opts = DispatchOptions(

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from infra.settings import JobSettings
 from infra.sglang.client import ServerAnswerError
+from tasks.fleet_config import FleetConfig
 from tasks.fleet_control import DispatchEnded
 from tasks.health import ServerStartFailed, StartAborted
 from tasks.local_servers import LaunchError
@@ -181,13 +181,13 @@ class CanaryRun:
         # servers pays back over the work left (near the job's end it does not)
         self.rollout_pays = rollout_pays
 
-    def run(self, current: JobSettings, candidate: JobSettings,
+    def run(self, current: FleetConfig, candidate: FleetConfig,
             predicted_gain: float | None) -> CanaryCycle:
-        tuning = current.tuning
+        tuning = self.fleet.job.tuning
         order = sorted(self.fleet.config)
         canary = order[-tuning.canary_servers:]
         now = self.monitor.now()
-        cycle = CanaryCycle(candidate.server.fingerprint(), [f"server-{i}" for i in canary],
+        cycle = CanaryCycle(candidate.flags.fingerprint(), [f"server-{i}" for i in canary],
                             predicted_gain, now)
         cycle.fleet_tok_s_before = fleet_rate(self.monitor.snapshot(), now - tuning.window_s,
                                               now, self.time_scale)
@@ -203,13 +203,13 @@ class CanaryRun:
             self.monitor.snapshot(), cycle.started_at, cycle.ended_at, tuning.window_s / 2)
         return cycle
 
-    def _cycle(self, cycle: CanaryCycle, current: JobSettings, candidate: JobSettings,
+    def _cycle(self, cycle: CanaryCycle, current: FleetConfig, candidate: FleetConfig,
                canary: list[int]) -> None:
         if not self._move(cycle, canary, candidate, "canary"):
             self._move(cycle, canary, current, "restored")
             cycle.outcome = "start_failed"
             return
-        verdict = self._await_verdict(cycle, current, self.monitor.now())
+        verdict = self._await_verdict(cycle, self.monitor.now())
         gain = cycle.measured_gain
         if gain is None:
             cycle.outcome, cycle.note = "no_work", "no rate to compare (the work ran out?)"
@@ -232,19 +232,20 @@ class CanaryRun:
             # A server would not start with it (another process on that GPU?): a fleet
             # half in one config and half in another is no state to leave a job in.
             moved = [i for i in sorted(self.fleet.config)
-                     if self.fleet.config[i].server != current.server]
+                     if self.fleet.config[i].flags != current.flags]
             self._move(cycle, moved, current, "restored")
             cycle.outcome = "start_failed"
         else:
             self._move(cycle, canary, current, "rollback")
             cycle.outcome = "rolled_back"
 
-    def _await_verdict(self, cycle: CanaryCycle, current: JobSettings, up: float) -> Verdict:
+    def _await_verdict(self, cycle: CanaryCycle, up: float) -> Verdict:
         """Wait for a verdict the evidence supports. A fresh server admits a full batch at
         once, so its first requests finish together (one window of warm-up is skipped); the
         judge then waits for every server to turn its batch over and for a gain outside the
         noise, window by window, up to MAX_JUDGE_WINDOWS."""
-        window = current.tuning.window_s
+        tuning = self.fleet.job.tuning
+        window = tuning.window_s
         since = up + window
         self._wait_or_end(MIN_JUDGE_WINDOWS * window)
         while True:
@@ -261,7 +262,7 @@ class CanaryRun:
                 self._wait_or_end(window)
                 continue
             verdict = judge(self.monitor.snapshot(), since, now, set(cycle.canary_servers),
-                            self.time_scale, current.tuning.canary_min_gain, final=final)
+                            self.time_scale, tuning.canary_min_gain, final=final)
             if starved is not None:  # out of time with only a starved span: keep, say why
                 verdict = Verdict("keep", verdict.gain, verdict.noise, verdict.turned_over,
                                   f"no span the client fed ({starved})")
@@ -275,8 +276,8 @@ class CanaryRun:
     def _room(self) -> dict[str, int]:
         """What each server may be given at once as it runs now (the canary's its new cap)."""
         caps = {f"server-{c.index}": c.max_running_requests for c in self.fleet.capacities()}
-        return feedable(caps, {f"server-{i}": s.client.concurrency_per_server
-                               for i, s in self.fleet.config.items()})
+        return feedable(caps, {f"server-{i}": config.concurrency
+                               for i, config in self.fleet.config.items()})
 
     def _wait_or_end(self, seconds: float) -> None:
         self.abort.wait(seconds)
@@ -293,13 +294,13 @@ class CanaryRun:
         cycle.canary_cache_hit, cycle.control_cache_hit = group_means(rows, since, until, names,
                                                                       "cache_hit_rate")
 
-    def _move(self, cycle: CanaryCycle, indexes: list[int], settings: JobSettings,
+    def _move(self, cycle: CanaryCycle, indexes: list[int], config: FleetConfig,
               tag: str) -> bool:
-        """Restart these servers with `settings`, one at a time (the rest of the fleet keeps
+        """Restart these servers on `config`, one at a time (the rest of the fleet keeps
         generating). False when a start failed."""
         for index in indexes:
             try:
-                done = self.fleet.replace(index, settings, tag)
+                done = self.fleet.replace(index, config, tag)
             except StartAborted:
                 raise
             except (ServerStartFailed, LaunchError, ServerAnswerError) as exc:

@@ -15,6 +15,7 @@ from typing import Literal
 
 from infra.files import read_jsonl
 from infra.sglang.flags import ServerFlags
+from tasks.fleet_config import FleetConfig
 
 LedgerOutcome = Literal["measured", "failed", "rolled_back", "started"]
 """`started`: the job moved its whole fleet to this configuration; no epoch of it has ended."""
@@ -92,7 +93,7 @@ class TuningLedger:
 
 def config_key(flags: ServerFlags, concurrency: int | None) -> str:
     """Ledger identity of a configuration: server flags plus client concurrency."""
-    return f"{flags.fingerprint()}|{concurrency}"
+    return FleetConfig(flags, concurrency).key
 
 
 # --- the policy ------------------------------------------------------------------------------

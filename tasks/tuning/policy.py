@@ -16,6 +16,7 @@ from infra.sglang.planner import MAX_MEM_FRACTION, Demand, candidate_flags
 from infra.sglang.profiles import ModelProfile
 from infra.sglang.roofline import build_roofline
 from infra.sglang.versions import SGLangVersion
+from tasks.fleet_config import FleetConfig
 from tasks.tuning.diagnosis import Diagnosis
 from tasks.tuning.ledger import config_key
 from tasks.tuning.trust import ModelTrust, measured_trust
@@ -65,6 +66,11 @@ class Proposal:
     predicted_tok_s_per_gpu: float | None
     reason: str
     predicted_gain: float | None = None  # over the model's figure for the current config
+
+    @property
+    def config(self) -> FleetConfig:
+        """What a canary or a restart would run."""
+        return FleetConfig(self.flags, self.concurrency)
 
 
 def _combined_moves(model: ModelProfile, flags: ServerFlags, plan: MemoryPlan | None,

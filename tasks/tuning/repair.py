@@ -28,7 +28,6 @@ from tasks.health import ServerStartFailed, StartAborted, log_tail
 from tasks.rolling import RollingFleet
 from tasks.tuning.cycles import Cycle
 from tasks.tuning.diagnosis import Diagnosis, slow_servers
-from tasks.tuning.ledger import config_key
 from tasks.tuning.state import TunerState
 from tasks.tuning.watch import RegressionWatch
 
@@ -40,7 +39,7 @@ def asymmetry_handler(state: TunerState, fleet: RollingFleet, epoch: int,
     told: set[str] = set()
 
     def handle(diag: Diagnosis) -> bool:
-        settled = 2 * state.settings.tuning.window_s
+        settled = 2 * state.job.tuning.window_s
         if time.monotonic() - fleet.last_join < settled:
             return False  # a server (re)joined recently: the fleet is not in steady state
         slow = slow_servers(diag)
@@ -77,24 +76,23 @@ class SlowServer:
 
 def restart_alone(slow: SlowServer, state: TunerState, fleet: RollingFleet,
                   epoch: int) -> None:
-    settings = state.settings
+    config = state.config
     why = (f"{slow.name} ran {slow.tok_s:,.0f} tok/s per GPU against a median of "
            f"{slow.median:,.0f}: restarted alone on the same config")
     state.logger.warning("asymmetric fleet: %s", why)
     try:
-        replaced = fleet.replace(slow.index, settings, tag="restart", force=True)
+        replaced = fleet.replace(slow.index, config, tag="restart", force=True)
     except ServerStartFailed as exc:
         state.logger.error("%s did not come back (%s); the others go on without it",
                            slow.name, str(exc).splitlines()[0][:200])
         return
-    concurrency = settings.client.concurrency_per_server
     state.record_cycle(Cycle(
         epoch=epoch, measured_tok_s_per_gpu=round(slow.tok_s, 1), diagnosis="asymmetric",
         reason=f"{why}; healthy after {replaced.startup_s:.0f} s, cap "
                f"{replaced.capacity.max_running_requests}",
-        old=config_key(settings.server, concurrency),
-        new_flags=settings.server.model_dump(exclude_none=True, exclude={"extra_args"}),
-        new_concurrency=concurrency, cycle_seconds=round(replaced.out_s, 2),
+        old=config.key, new_flags=config.flags.model_dump(exclude_none=True,
+                                                          exclude={"extra_args"}),
+        new_concurrency=config.concurrency, cycle_seconds=round(replaced.out_s, 2),
         kind="restart-one"))
 
 
@@ -142,27 +140,27 @@ def relaunch_handler(state: TunerState, fleet: RollingFleet, epoch: int,
 
 def relaunch(index: int, state: TunerState, fleet: RollingFleet, epoch: int) -> bool:
     """Start dead server `index` again with the fleet's config; True when it came back."""
-    settings = state.settings
+    config = state.config
     handle = fleet.handle(index)
     why = f"server-{index}'s process is gone ({last_line(handle.log_path)})"
     state.logger.warning("%s: relaunched alone on the same config", why)
     try:
-        replaced = fleet.replace(index, settings, tag="relaunch", force=True)
+        replaced = fleet.replace(index, config, tag="relaunch", force=True)
     except (StartAborted, DispatchEnded):
         return False  # the epoch is ending (its stop finds the relaunched process)
     except ServerStartFailed as exc:
         state.logger.error("server-%d did not come back (%s); the others go on without it",
                            index, str(exc).splitlines()[0][:200])
         return False
-    concurrency = settings.client.concurrency_per_server
     state.record_cycle(Cycle(
         epoch=epoch, measured_tok_s_per_gpu=None, diagnosis="unhealthy",
         reason=f"{why}; healthy again after {replaced.startup_s:.0f} s, cap "
                f"{replaced.capacity.max_running_requests}, {replaced.failed_over} request(s) "
                "redone elsewhere",
-        old=config_key(settings.server, concurrency),
-        new_flags=settings.server.model_dump(exclude_none=True, exclude={"extra_args"}),
-        new_concurrency=concurrency, cycle_seconds=round(replaced.out_s, 2), kind="relaunch"))
+        old=config.key, new_flags=config.flags.model_dump(exclude_none=True,
+                                                          exclude={"extra_args"}),
+        new_concurrency=config.concurrency, cycle_seconds=round(replaced.out_s, 2),
+        kind="relaunch"))
     return True
 
 

@@ -12,35 +12,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from infra.settings import JobSettings
+from tasks.fleet_config import FleetConfig
 from tasks.rolling import RollingFleet
 from tasks.tuning.canary import CanaryCycle, CanaryRun
 from tasks.tuning.cycles import Cycle
 from tasks.tuning.diagnosis import Diagnosis
-from tasks.tuning.ledger import LedgerEntry, LedgerOutcome, config_key
+from tasks.tuning.ledger import LedgerEntry, LedgerOutcome
 from tasks.tuning.policy import Proposal
 from tasks.tuning.state import TunerState
 from tasks.tuning.watch import RegressionWatch
 
 
-def canary_possible(settings: JobSettings, servers: int) -> bool:
+def canary_possible(canary_servers: int, servers: int) -> bool:
     """A canary needs servers that keep the current config while it is tried."""
-    return 1 <= settings.tuning.canary_servers < servers
-
-
-def candidate_settings(current: JobSettings, proposal: Proposal) -> JobSettings:
-    return current.model_copy(update={
-        "server": proposal.flags,
-        "client": current.client.model_copy(
-            update={"concurrency_per_server": proposal.concurrency})})
+    return 1 <= canary_servers < servers
 
 
 @dataclass(frozen=True)
 class Move:
     """One tried move: what ran, what was tried instead, why, and in which epoch."""
 
-    current: JobSettings
-    candidate: JobSettings
+    current: FleetConfig
+    candidate: FleetConfig
     diagnosis: Diagnosis
     proposal: Proposal
     epoch: int
@@ -51,21 +44,21 @@ def canary_handler(state: TunerState, fleet: RollingFleet, epoch: int,
     """The watch's `on_proposal`: run the cycle, record it, and tell the watch what runs."""
 
     def handle(diag: Diagnosis, proposal: Proposal) -> bool:
-        current = state.settings
-        if not canary_possible(current, len(fleet.config)):
+        tuning = state.job.tuning
+        if not canary_possible(tuning.canary_servers, len(fleet.config)):
             return False  # a whole-fleet restart, as before
-        move = Move(current, candidate_settings(current, proposal), diag, proposal, epoch)
+        move = Move(state.config, proposal.config, diag, proposal, epoch)
         state.logger.warning("canary: %s on %d of %d servers — %s",
-                             move.candidate.server.fingerprint(),
-                             current.tuning.canary_servers, len(fleet.config), proposal.reason)
+                             move.candidate.flags.fingerprint(),
+                             tuning.canary_servers, len(fleet.config), proposal.reason)
         cycle = CanaryRun(fleet, state.monitor, state.time_scale, state.logger, fleet.abort,
-                          rollout_pays(watch, diag, current.tuning.restart_payback)).run(
-            current, move.candidate, proposal.predicted_gain)
+                          rollout_pays(watch, diag, tuning.restart_payback)).run(
+            move.current, move.candidate, proposal.predicted_gain)
         state.restarts += 1
         record_cycle(cycle, move, state)
         if cycle.outcome == "rolled_out":
             _rolled_out(move, state, fleet, watch)
-        if state.restarts >= current.tuning.max_restarts or cycle.outcome == "canary_only":
+        if state.restarts >= tuning.max_restarts or cycle.outcome == "canary_only":
             watch.enabled = False  # (canary_only: the job is near its end, and the fleet mixed)
         return True
 
@@ -77,14 +70,12 @@ def _rolled_out(move: Move, state: TunerState, fleet: RollingFleet,
     """The fleet now runs the candidate: judged afresh, and a rollback compares with the
     best *other* config (the canary's own figure read a wave of first completions: 1,829
     against a steady 1,545)."""
-    state.settings = move.candidate
+    state.config = move.candidate
     state.predicted_tok_s_per_gpu = move.proposal.predicted_tok_s_per_gpu
     caps = state.capacities_changed(move.epoch, fleet.capacities())
-    other = state.ledger.best(config_key(move.candidate.server,
-                                         move.candidate.client.concurrency_per_server))
+    other = state.ledger.best(move.candidate.key)
     watch.reconfigured(caps, state.memory_plan(move.candidate),
-                       other.tok_s_per_gpu if other else None,
-                       move.candidate.client.concurrency_per_server)
+                       other.tok_s_per_gpu if other else None, move.candidate.concurrency)
 
 
 def rollout_pays(watch: RegressionWatch, diag: Diagnosis,
@@ -106,26 +97,25 @@ def record_cycle(cycle: CanaryCycle, move: Move, state: TunerState) -> None:
     now = time.time()
     current, candidate = move.current, move.candidate
     diag, proposal = move.diagnosis, move.proposal
-    concurrency = current.client.concurrency_per_server
     state.ledger.record(LedgerEntry(
-        move.epoch, current.server.model_dump(mode="json"),
-        config_key(current.server, concurrency), concurrency, "measured", cycle.control_tok_s,
+        move.epoch, current.flags.model_dump(mode="json"), current.key, current.concurrency,
+        "measured", cycle.control_tok_s,
         state.predicted_tok_s_per_gpu,
         f"{diag.kind}: {diag.evidence} (the control group of a canary)"[:500], now))
     outcome: LedgerOutcome = ("measured" if cycle.outcome in ("rolled_out", "canary_only") else
                               "rolled_back" if cycle.outcome == "rolled_back" else "failed")
-    cand_conc = candidate.client.concurrency_per_server
     state.ledger.record(LedgerEntry(
-        move.epoch, candidate.server.model_dump(mode="json"),
-        config_key(candidate.server, cand_conc), cand_conc, outcome, cycle.canary_tok_s,
+        move.epoch, candidate.flags.model_dump(mode="json"), candidate.key,
+        candidate.concurrency, outcome, cycle.canary_tok_s,
         proposal.predicted_tok_s_per_gpu,
         f"canary {cycle.outcome}: {cycle.note or proposal.reason}"[:500], now))
     state.record_cycle(Cycle(
         epoch=move.epoch, measured_tok_s_per_gpu=cycle.control_tok_s, diagnosis=diag.kind,
         reason=f"canary {cycle.outcome} — {proposal.reason}",
-        old=config_key(current.server, concurrency),
-        new_flags=candidate.server.model_dump(exclude_none=True, exclude={"extra_args"}),
-        new_concurrency=cand_conc, predicted_tok_s_per_gpu=proposal.predicted_tok_s_per_gpu,
+        old=current.key,
+        new_flags=candidate.flags.model_dump(exclude_none=True, exclude={"extra_args"}),
+        new_concurrency=candidate.concurrency,
+        predicted_tok_s_per_gpu=proposal.predicted_tok_s_per_gpu,
         cycle_seconds=round((cycle.ended_at or cycle.started_at) - cycle.started_at, 2),
         kind="canary", canary=cycle.record()))
     state.logger.warning(

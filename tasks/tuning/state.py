@@ -16,6 +16,7 @@ from infra.sglang.memory import MemoryPlan
 from infra.sglang.planner import MAX_MEM_FRACTION
 from tasks.capacity import Capacity
 from tasks.engines import Engine
+from tasks.fleet_config import FleetConfig
 from tasks.monitor import FleetMonitor
 from tasks.totals import RunTotals
 from tasks.tuning.cycles import Cycle, cycles_artifact
@@ -24,7 +25,8 @@ from tasks.tuning.ledger import TuningLedger
 
 @dataclass
 class TunerState:
-    settings: JobSettings  # the configuration the fleet runs now (a rollout changes it)
+    job: JobSettings  # the job's facts; its `server` and `client` are where it started
+    config: FleetConfig  # what the fleet runs now (a rollout or a restart changes it)
     ledger: TuningLedger
     monitor: FleetMonitor
     totals: RunTotals  # what the commits say about the workload
@@ -58,8 +60,14 @@ class TunerState:
         self.caps_by_epoch[epoch] = caps
         return caps
 
-    def memory_plan(self, settings: JobSettings | None = None) -> MemoryPlan | None:
-        """The memory model's view of these (else the running) flags; None without it."""
+    @property
+    def settings(self) -> JobSettings:
+        """The job's settings on the running configuration: what an epoch launches."""
+        return self.config.applied_to(self.job)
+
+    def memory_plan(self, config: FleetConfig | None = None) -> MemoryPlan | None:
+        """The memory model's view of this (else the running) configuration's flags; None
+        without one."""
         if self.hardware is None:
             return None
-        return self.hardware.memory_plan_or_none((settings or self.settings).server)
+        return self.hardware.memory_plan_or_none((config or self.config).flags)

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.settings import JobSettings
-from infra.sglang.flags import ServerFlags
 from infra.sglang.memory import MemoryPlan
 from tasks.capacity import Capacity
 from tasks.engines import Engine
+from tasks.fleet_config import FleetConfig
 from tasks.health import ServerStartFailed
 from tasks.monitor import FleetMonitor
 from tasks.rolling import RollingFleet
@@ -65,19 +65,19 @@ class Pace:
 
     def rates(self, diag: Diagnosis) -> tuple[float, float, int]:
         """(output tokens per prompt, one server's wall tok/s, prompts left) at `diag`."""
-        totals, settings = self.state.totals, self.state.settings
+        totals, job = self.state.totals, self.state.job
         per_prompt = (totals.tokens / totals.done if totals.done
-                      else 0.75 * settings.sampling.max_new_tokens)
+                      else 0.75 * job.sampling.max_new_tokens)
         left = max(0, self.prompts_at_start - (totals.done - self.done_at_start))
         return per_prompt, diag.tok_s_per_gpu * self.state.time_scale, left
 
     def gain_needed(self, diag: Diagnosis) -> float:
-        settings = self.state.settings
-        tuning = settings.tuning
+        job = self.state.job
+        tuning = job.tuning
         per_prompt, server_tok_s, left = self.rates(diag)
         if server_tok_s <= 0:
             return tuning.min_predicted_gain
-        cost = restart_cost(self.startup_s, tuning.drain_timeout_s, settings.stop_grace_s,
+        cost = restart_cost(self.startup_s, tuning.drain_timeout_s, job.stop_grace_s,
                             per_prompt, max(c.max_running_requests for c in self.caps),
                             server_tok_s)
         return gain_to_pay_for_restart(left, per_prompt, server_tok_s, len(self.caps), cost,
@@ -97,9 +97,9 @@ class Tuner:
         self.resumed = (ledger.resume_point(settings.server, settings.client.concurrency_per_server)
                         if settings.tuning.enabled else None)
         self.first_epoch = ledger.last_epoch() + 1
-        if self.resumed is not None:
-            settings = _resume_on(settings, ledger, self.resumed, logger)
-        self.state = TunerState(settings, ledger, monitor, totals, logger, engine,
+        config = (FleetConfig.of(settings) if self.resumed is None
+                  else _resume_on(ledger, self.resumed, logger))
+        self.state = TunerState(settings, config, ledger, monitor, totals, logger, engine,
                                 engine.hardware(None))
         self.state.restarts = ledger.moves()
         if self.resumed is not None:
@@ -112,8 +112,14 @@ class Tuner:
 
     @property
     def settings(self) -> JobSettings:
-        """The configuration the fleet runs now."""
+        """The job's settings on the configuration the fleet runs now: what an epoch
+        launches and dispatches with."""
         return self.state.settings
+
+    @property
+    def config(self) -> FleetConfig:
+        """The configuration the fleet runs now."""
+        return self.state.config
 
     # --- what the run's summary and report read ------------------------------------------
 
@@ -161,22 +167,20 @@ class Tuner:
               startup_s: float) -> RegressionWatch:
         """The epoch's regression watch, with what it may do: canary, rollout and rollback,
         repairs of single servers — or, for servers the job does not own, advice."""
-        state, settings = self.state, self.settings
+        state, tuning = self.state, self.state.job.tuning
         caps = state.capacities
         pace = Pace(state, caps, startup_s, work.prompts, state.totals.done)
-        best = state.ledger.best(config_key(settings.server,
-                                            settings.client.concurrency_per_server))
+        best = state.ledger.best(state.config.key)
         watch = RegressionWatch(
             state.monitor,
             WatchTargets({f"server-{c.index}": c.max_running_requests for c in caps},
-                         state.memory_plan(), state.time_scale, settings.tuning.window_s,
-                         settings.tuning.target_tok_s_per_gpu,
-                         best.tok_s_per_gpu if best else None,
-                         settings.client.concurrency_per_server),
+                         state.memory_plan(), state.time_scale, tuning.window_s,
+                         tuning.target_tok_s_per_gpu, best.tok_s_per_gpu if best else None,
+                         state.config.concurrency),
             self._may_move(work, len(caps)), self._proposer(), pace.gain_needed)
         watch.work_left_s = pace.work_left_s
         # one line per changed verdict, else one per ten windows of wall clock
-        watch.on_check = CheckLog(state.logger.info, 10 * settings.tuning.window_s)
+        watch.on_check = CheckLog(state.logger.info, 10 * tuning.window_s)
         if state.engine.owns_servers:
             watch.on_proposal = canary_handler(state, fleet, epoch, watch)
             watch.on_asymmetric = asymmetry_handler(state, fleet, epoch, watch)
@@ -187,28 +191,28 @@ class Tuner:
         return watch
 
     def _shared_gpus(self) -> bool:
-        return self.settings.servers_per_gpu > 1
+        return self.state.job.servers_per_gpu > 1
 
     def _may_move(self, work: WorkLeft, servers: int) -> bool:
         """Tuning on, restarts left, work for more than two rounds, hardware known — and
         with several servers per GPU, pools pinned (the memory model plans whole GPUs)."""
-        settings, hw = self.settings, self.state.hardware
-        return (settings.tuning.enabled and self.state.restarts < settings.tuning.max_restarts
+        tuning, hw = self.state.job.tuning, self.state.hardware
+        return (tuning.enabled and self.state.restarts < tuning.max_restarts
                 and work.shards > 2 * servers and hw is not None
-                and (not self._shared_gpus() or pools_pinned(settings.server, hw.model.hybrid)))
+                and (not self._shared_gpus()
+                     or pools_pinned(self.state.config.flags, hw.model.hybrid)))
 
     def search(self, min_gain: float) -> Search | None:
         """What a move is scored against now: the job's own workload, the moves tried, the
         mem_fraction ceiling, the prefix reuse a move may lose."""
-        state, settings = self.state, self.settings
+        state, job = self.state, self.state.job
         if state.hardware is None:
             return None
-        tuning = settings.tuning
+        tuning = job.tuning
         demand = state.totals.demand(tuning.avg_context,
                                      generated_per_finished(state.monitor.snapshot()),
-                                     settings.sampling.max_new_tokens)
-        tried = state.ledger.tried() | {config_key(settings.server,
-                                                   settings.client.concurrency_per_server)}
+                                     job.sampling.max_new_tokens)
+        tried = state.ledger.tried() | {state.config.key}
         return Search(state.hardware, frozenset(tried), demand, state.mem_ceiling, min_gain,
                       tuning.allow_lossy, self._shared_gpus(), state.totals.prefix_reuse())
 
@@ -219,8 +223,8 @@ class Tuner:
                 return None
             if search.demand.workload is None and diag.kind != "client-bound":
                 return None  # no move scored on the decode rate alone: wait for a commit
-            return propose(diag, self.settings.server,
-                           self.settings.client.concurrency_per_server, search)
+            config = self.state.config
+            return propose(diag, config.flags, config.concurrency, search)
 
         return can_propose
 
@@ -230,11 +234,11 @@ class Tuner:
                     start_failure: ServerStartFailed | None, more_work: bool) -> None:
         """Record the epoch and choose the next one's configuration; raises when a start
         failed with nothing known to work to go back to."""
-        state, settings = self.state, self.settings
+        state = self.state
         failure = str(start_failure) if start_failure is not None else None
         min_gain = (result.required_gain if result and result.required_gain is not None
-                    else settings.tuning.min_predicted_gain)
-        report = EpochReport(epoch, settings.server, settings.client.concurrency_per_server,
+                    else state.job.tuning.min_predicted_gain)
+        report = EpochReport(epoch, state.config.flags, state.config.concurrency,
                              result, failure, state.predicted_tok_s_per_gpu)
         decision, state.mem_ceiling = restart_on_regression(
             report, str(state.ledger.path), self.search(min_gain), state.mem_ceiling)
@@ -246,7 +250,7 @@ class Tuner:
 
     def _restart_with(self, decision: NextConfig, report: EpochReport) -> None:
         """Record the cycle; the next epoch starts with the new configuration."""
-        state, settings, result = self.state, self.settings, report.result
+        state, result = self.state, report.result
         state.restarts += 1
         state.predicted_tok_s_per_gpu = decision.predicted_tok_s_per_gpu
         state.record_cycle(Cycle(
@@ -264,22 +268,14 @@ class Tuner:
             report.epoch + 1, decision.flags.model_dump(mode="json"),
             config_key(decision.flags, decision.concurrency), decision.concurrency, "started",
             None, decision.predicted_tok_s_per_gpu, decision.reason[:500], time.time()))
-        state.settings = _with_config(settings, decision.flags, decision.concurrency)
+        state.config = FleetConfig(decision.flags, decision.concurrency)
 
 
-def _with_config(settings: JobSettings, flags: ServerFlags,
-                 concurrency: int | None) -> JobSettings:
-    return settings.model_copy(update={
-        "server": flags,
-        "client": settings.client.model_copy(update={"concurrency_per_server": concurrency})})
-
-
-def _resume_on(settings: JobSettings, ledger: TuningLedger, entry: LedgerEntry,
-               logger: Any) -> JobSettings:
-    """The job's settings on the configuration an interrupted run of it had moved to."""
+def _resume_on(ledger: TuningLedger, entry: LedgerEntry, logger: Any) -> FleetConfig:
+    """The configuration an interrupted run of this job had moved to."""
     figure = (f"measured {entry.tok_s_per_gpu:,.0f}" if entry.tok_s_per_gpu
               else f"predicted {entry.predicted_tok_s_per_gpu or 0:,.0f}")
     logger.info("resuming on the configuration this job moved to in epoch %d (%s tok/s per GPU;"
                 " tuning.jsonl): %s, concurrency %s — not the flags given, which it started from",
                 entry.epoch, figure, ledger.flags_of(entry).fingerprint(), entry.concurrency)
-    return _with_config(settings, ledger.flags_of(entry), entry.concurrency)
+    return FleetConfig(ledger.flags_of(entry), entry.concurrency)

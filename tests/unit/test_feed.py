@@ -126,10 +126,12 @@ class _Clocked(CanaryRun):
     def __init__(self, monitor: Any, feed_until: float) -> None:
         from infra.settings import JobSettings
         from tasks.capacity import Capacity
+        from tasks.fleet_config import FleetConfig
 
         caps = [Capacity(i, "", None, 32, 1, None, None, "") for i in (0, 1)]
-        fleet = type("Fleet", (), {"capacities": lambda self: caps,
-                                   "config": dict.fromkeys((0, 1), JobSettings())})()
+        job = JobSettings.model_validate({"tuning": {"window_s": 4.0, "canary_min_gain": 1.2}})
+        fleet = type("Fleet", (), {"capacities": lambda self: caps, "job": job,
+                                   "config": dict.fromkeys((0, 1), FleetConfig.of(job))})()
         super().__init__(fleet, monitor, 1.0, _Log(), threading.Event())
         self.feed_until = feed_until
 
@@ -169,8 +171,6 @@ class _ClockMonitor:
 
 
 def _await(starved_until: float) -> tuple[CanaryCycle, Any, _Log]:
-    from infra.settings import JobSettings
-
     monitor = _ClockMonitor(starved_until)
     run = _Clocked(monitor, starved_until)
 
@@ -178,9 +178,8 @@ def _await(starved_until: float) -> tuple[CanaryCycle, Any, _Log]:
         monitor.t += seconds
 
     run._wait_or_end = advance  # type: ignore[method-assign]
-    settings = JobSettings.model_validate({"tuning": {"window_s": 4.0, "canary_min_gain": 1.2}})
     cycle = CanaryCycle("x", ["server-1"], 2.0, 0.0)
-    verdict = run._await_verdict(cycle, settings, 0.0)
+    verdict = run._await_verdict(cycle, 0.0)
     return cycle, verdict, run.logger
 
 

@@ -88,13 +88,16 @@ async def _nothing_for(queue: AffinityQueue, server: str) -> Any:
 def test_no_buffer_servers_are_the_ones_that_get_primers() -> None:
     from infra.settings import load_settings
     from tasks.capacity import Capacity
+    from tasks.dispatch import Endpoint
+    from tasks.fleet_config import FleetConfig
     from tasks.shards import endpoint_of
 
+    def endpoint(**flags: object) -> Endpoint:
+        settings = load_settings(None, **flags)
+        return endpoint_of(FleetConfig.of(settings), settings.client.queue_target, cap)
+
     cap = Capacity(0, "http://h:1", "0.5.17", 32, 100_000, 160, 4096, "cfg")
-    assert endpoint_of(load_settings(None, **{"server.mamba_strategy": "no_buffer"}),
-                       cap).primes_prefixes
-    assert not endpoint_of(load_settings(None, **{"server.mamba_strategy": "extra_buffer"}),
-                           cap).primes_prefixes
-    assert not endpoint_of(load_settings(None, **{"server.mamba_strategy": "no_buffer",
-                                                  "server.disable_radix_cache": True}),
-                           cap).primes_prefixes
+    assert endpoint(**{"server.mamba_strategy": "no_buffer"}).primes_prefixes
+    assert not endpoint(**{"server.mamba_strategy": "extra_buffer"}).primes_prefixes
+    assert not endpoint(**{"server.mamba_strategy": "no_buffer",
+                           "server.disable_radix_cache": True}).primes_prefixes

@@ -24,6 +24,7 @@ from infra.sglang.versions import parse_version
 from infra.sim.predict import Workload
 from tasks.capacity import Capacity
 from tasks.feed import FeedSample
+from tasks.fleet_config import FleetConfig
 from tasks.monitor import Sample
 from tasks.rolling import Replaced
 from tasks.tuning.canary import CanaryRun
@@ -120,15 +121,16 @@ class RecordedFleet:
     """Two servers on the start config; a restart is recorded, not made."""
 
     def __init__(self, settings: JobSettings) -> None:
-        self.config = {0: settings, 1: settings}
+        self.job = settings
+        self.config = dict.fromkeys((0, 1), FleetConfig.of(settings))
         self.restarted: list[tuple[int, str]] = []
 
     def capacities(self) -> list[Capacity]:
         return [Capacity(i, "", None, 16, 1, None, None, "") for i in sorted(self.config)]
 
-    def replace(self, index: int, settings: JobSettings, tag: str) -> Replaced:
+    def replace(self, index: int, config: FleetConfig, tag: str) -> Replaced:
         self.restarted.append((index, tag))
-        self.config[index] = settings
+        self.config[index] = config
         cap = Capacity(index, "", None, 16, 1, None, None, "")
         return Replaced(index, cap, 0.0, 0.0, 0)
 
@@ -149,14 +151,14 @@ def test_a_won_canary_the_work_left_cannot_pay_for_stays_a_canary() -> None:
     """Near the job's end the others keep their config: CI's run rolled a won canary out
     while the work ran out. With work to spare, the same verdict rolls out."""
     current = load_settings(None, **{"tuning.window_s": WINDOW})
-    candidate = current.model_copy(update={"server": move().flags})
+    candidate = move().config
     rows = list(canary_beside_control())
     outcomes = {}
     for need in (1.1, 50.0):  # the gain the work left asks of a restart
         fleet, clock = RecordedFleet(current), ModeledClock(rows)
         run = CanaryRun(fleet, clock, 1.0, logging.getLogger("test"), clock,  # type: ignore[arg-type]
                         paying_above(need))
-        cycle = run.run(current, candidate, move().predicted_gain)
+        cycle = run.run(FleetConfig.of(current), candidate, move().predicted_gain)
         outcomes[need] = (cycle.outcome, fleet.restarted)
     assert outcomes[1.1] == ("rolled_out", [(1, "canary"), (0, "rollout")]), outcomes
     assert outcomes[50.0] == ("canary_only", [(1, "canary")]), outcomes
