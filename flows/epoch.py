@@ -76,7 +76,7 @@ def _serve(state: JobState, ctx: JobContext, tuner: Tuner, epoch: int, fleet: Ro
     settings = tuner.settings
     caps = measure_capacity(fleet.handles(), fleet.engine)
     fleet.caps = {c.index: c for c in caps}
-    capacity_artifact(settings, caps)
+    capacity_artifact(settings.server, caps)
     note = capacity_note(tuner.fleet_measured(epoch, caps), caps)
     if note:
         ctx.logger.info(note)

@@ -30,7 +30,13 @@ from infra.lease import FolderLease, LeaseStore, held_lease, in_use_problem
 from infra.locations import location_problem
 from infra.processes import ephemeral_port_warning
 from infra.prompts import validate_input
-from infra.settings import NULL, JobSettings, load_settings
+from infra.settings import (
+    NULL,
+    JobSettings,
+    SamplingSettings,
+    StorageSettings,
+    load_settings,
+)
 from infra.storage import Destination, StorageError, open_destination
 from tasks.capacity import capacity_note
 from tasks.engines import build_engine, model_is_hybrid
@@ -59,20 +65,11 @@ def job_settings(prompts: str | None = None, output: str | None = None,
     return load_settings(config_file, **merged)
 
 
-def job_paths(settings: JobSettings, node: str | None) -> tuple[Path, str | None]:
-    """(local output folder, upload target). A node of a multi-node job keeps its own
-    manifest under `nodes/<node>` and always publishes to the shared output."""
-    if node is None:
-        return settings.local_output(), settings.upload_target()
-    return (settings.local_output() / "nodes" / node,
-            settings.upload_target() or str(settings.local_output()))
-
-
 def leases_of(settings: JobSettings, node: str | None) -> tuple[Path, list[LeaseStore]]:
     """The folder whose lease the run holds, and those it holds beside it: where it
     publishes, for a whole job (a node of a multi-node job publishes into the output whose
     lease its generate-fleet run holds)."""
-    out, target = job_paths(settings, node)
+    out, target = settings.node_paths(node)
     if node is not None:
         return out, []
     return out, leases_beside(target, settings.storage.endpoint_url, settings.storage.region)
@@ -102,8 +99,9 @@ def preflight(settings: JobSettings, check_input: bool = True,
         raise ValueError(problem)
     warnings = [w for w in [ephemeral_port_warning([s.port for s in specs]),
                             vocabulary_warning(settings) if check_input else None] if w]
+    hybrid = model_is_hybrid(settings.model, settings.weights_gib)
     if (settings.servers_per_gpu > 1 and settings.tuning.enabled
-            and not pools_pinned(settings.server, model_is_hybrid(settings))):
+            and not pools_pinned(settings.server, hybrid)):
         warnings.append(f"servers_per_gpu={settings.servers_per_gpu}: tuning is off, because "
                         "the memory model plans whole GPUs; pin each server's pools "
                         "(server.max_total_tokens, and server.max_mamba_cache_size on a hybrid "
@@ -121,7 +119,7 @@ def _stop_fleet_hook(flow_: Any, flow_run: Any, state: Any) -> None:
     except Exception:  # a hook must never raise; without settings there is nothing to stop
         return
     # (no handles: the engine stops what the output's registry lists, if it owns servers)
-    build_engine(settings).stop([], job_paths(settings, node)[0])
+    build_engine(settings).stop([], settings.node_paths(node)[0])
 
 
 def summarize(tuner: Tuner, state: JobState, totals: RunTotals, seconds: float) -> RunSummary:
@@ -173,7 +171,7 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
                        "text in its database; set EXPANSION_API_KEY in the environment of the "
                        "worker (or the deployment's job_variables env) instead")
     out, beside = leases_of(settings, node)
-    _, target = job_paths(settings, node)
+    _, target = settings.node_paths(node)
     with held_lease(out, str(flow_run.name or ""), settings.force_takeover, beside):
         return _generate_into(settings, out, target, shards, node, logger)
 
@@ -193,7 +191,7 @@ def _generate_into(settings: JobSettings, out: Path, target: str | None,
             raise BucketUnreachable(str(exc)) from exc
         if restored:
             logger.info("restored %d committed shards from %s", restored, dest.label)
-    state = _pending_state(settings, out, shards)
+    state = _pending_state(str(settings.prompts), settings.shard_size, out, shards)
     logger.info("plan %s: %d prompts in %d shards, %d pending", state.shard_plan.fingerprint,
                 state.shard_plan.input_rows, state.shard_plan.num_shards, len(state.pending))
     if state.removed_strays:
@@ -203,7 +201,7 @@ def _generate_into(settings: JobSettings, out: Path, target: str | None,
     totals = RunTotals(primes_groups=settings.client.prefix_affinity_chars > 0
                        and state.input_kind != "messages")
     if settings.tuning.enabled and state.pending:
-        totals.input_lengths = _input_lengths(settings, state)
+        totals.input_lengths = _input_lengths(settings.sampling, state)
         logger.info("workload the input fixes (%d rows sampled): %s",
                     totals.input_lengths.rows_sampled, totals.input_lengths.describe())
     started = time.monotonic()
@@ -229,7 +227,7 @@ def _generate_into(settings: JobSettings, out: Path, target: str | None,
         create_markdown_artifact(artifact, key="run-report",
                                  description="throughput, pool usage and restarts")
     if target:  # after the report: the bucket gets it, with the tuning ledger, series and logs
-        rep = _final_upload(settings, out, target, manifest_key, node)
+        rep = _final_upload(settings.storage, out, target, manifest_key, node)
         logger.info("upload to %s: %d new, %d already there", rep.destination, rep.uploaded,
                     rep.skipped)
     logger.info(format_summary(summary))
@@ -248,12 +246,11 @@ def _keep_series(monitor: FleetMonitor, out: Path, logger: Any) -> None:
                        free_space_note(out))
 
 
-def _final_upload(settings: JobSettings, out: Path, target: str, manifest_key: str,
+def _final_upload(store: StorageSettings, out: Path, target: str, manifest_key: str,
                   node: str | None) -> UploadReport:
     """The final verified upload, retried at `storage.upload_retry_delays_s`; a bucket still
     unreachable after them ends the run as BucketUnreachable (every shard is committed
     locally, and the same command uploads what the bucket lacks)."""
-    store = settings.storage
     delays = list(store.upload_retry_delays_s)
     try:
         return upload.with_options(retries=len(delays), retry_delay_seconds=delays)(
@@ -270,21 +267,23 @@ def _run_epochs(state: JobState, ctx: JobContext, tuner: Tuner,
     while state.pending:
         epoch += 1
         outcome = run_epoch(state, ctx, tuner, epoch)
-        state = _pending_state(tuner.settings, ctx.out, shards)
+        state = _pending_state(str(tuner.settings.prompts), tuner.settings.shard_size, ctx.out,
+                               shards)
         tuner.after_epoch(epoch, outcome.result, outcome.start_failure, bool(state.pending))
 
 
-def _input_lengths(settings: JobSettings, state: JobState) -> InputLengths:
+def _input_lengths(sampling: SamplingSettings, state: JobState) -> InputLengths:
     """The lengths the rows fix, for the tuner's first predictions (infra/input_lengths.py)."""
     plan = state.shard_plan
     return sample_lengths(Path(plan.input_path), plan.input_rows, plan.id_dtype,
-                          settings.sampling.max_new_tokens, settings.sampling.ignore_eos)
+                          sampling.max_new_tokens, sampling.ignore_eos)
 
 
-def _pending_state(settings: JobSettings, out: Path, shards: list[int] | None) -> JobState:
+def _pending_state(prompts: str, shard_size: int, out: Path,
+                   shards: list[int] | None) -> JobState:
     """What is left, from the manifest (the only record of what is done); a node keeps to its
     shards."""
-    state = plan_shards(str(settings.prompts), str(out), settings.shard_size)
+    state = plan_shards(prompts, str(out), shard_size)
     if shards is None:
         return state
     owned = set(shards)

@@ -16,23 +16,23 @@ from prefect.artifacts import (
 )
 
 from infra.manifest import ManifestEntry
-from infra.settings import JobSettings
+from infra.sglang.flags import ServerFlags
 from tasks.capacity import Capacity
 from tasks.shards import JobState
 from tasks.totals import RunTotals
 from tasks.upload import ShardUploader
 
 
-def capacity_artifact(settings: JobSettings, caps: list[Capacity]) -> None:
+def capacity_artifact(flags: ServerFlags, caps: list[Capacity]) -> None:
     create_table_artifact(
         key="fleet-capacity", description="servers: config and measured capacity",
-        table=[capacity_row(settings, c) for c in caps])
+        table=[capacity_row(flags, c) for c in caps])
 
 
-def capacity_row(settings: JobSettings, cap: Capacity) -> dict[str, Any]:
+def capacity_row(flags: ServerFlags, cap: Capacity) -> dict[str, Any]:
     """One server's row: the flags as requested (prefixed), then what the server measured —
     a requested max_running_requests (256) must never stand in the measured column (85)."""
-    requested = settings.server.model_dump(exclude={"extra_args"}, exclude_none=True)
+    requested = flags.model_dump(exclude={"extra_args"}, exclude_none=True)
     return {"server": cap.url, "config": cap.config, "sglang": cap.version,
             **{f"requested_{k}": v for k, v in requested.items()},
             "max_running_requests": cap.max_running_requests,

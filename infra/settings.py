@@ -273,6 +273,14 @@ class JobSettings(BaseSettings):
     def upload_target(self) -> str | None:
         return self.output if self.output.startswith("s3://") else self.upload_to
 
+    def node_paths(self, node: str | None) -> tuple[Path, str | None]:
+        """(local output folder, upload target) of one run. A node of a multi-node job keeps
+        its own manifest under `nodes/<node>` and always publishes to the shared output."""
+        if node is None:
+            return self.local_output(), self.upload_target()
+        return (self.local_output() / "nodes" / node,
+                self.upload_target() or str(self.local_output()))
+
     @field_validator("output")
     @classmethod
     def _check_output(cls, value: str) -> str:

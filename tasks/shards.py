@@ -96,18 +96,18 @@ def endpoint_of(config: FleetConfig, queue_target: int, cap: Capacity) -> Endpoi
                         flags.mamba_strategy == "no_buffer" and not flags.disable_radix_cache))
 
 
-def model_vocab_size(settings: JobSettings) -> int | None:
+def model_vocab_size(model: str, weights_gib: float | None) -> int | None:
     """The vocabulary token ids are checked against; None for a model without a profile
     (`vocabulary_warning` tells the user before the run)."""
     try:
-        return model_profile(settings.model, settings.weights_gib).vocab_size
+        return model_profile(model, weights_gib).vocab_size
     except ValueError:
         return None
 
 
 def vocabulary_warning(settings: JobSettings) -> str | None:
     """Before the run: rows whose token ids real SGLang would die on, or ids left unchecked."""
-    vocab = model_vocab_size(settings)
+    vocab = model_vocab_size(settings.model, settings.weights_gib)
     if vocab is None:
         kind = open_input(settings.prompts)[2]
         return (f"model: {settings.model!r} has no known vocab_size; token ids go unchecked "
@@ -141,7 +141,7 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
         samples=s.n,
         keep_input_columns=settings.keep_input_columns,
         prefix_key_chars=settings.client.prefix_affinity_chars,
-        vocab_size=model_vocab_size(settings),
+        vocab_size=model_vocab_size(settings.model, settings.weights_gib),
         shapes=ENGINES[settings.engine].requests,  # the engine's API: a fact of its kind
         first_batch_relaunches=0 if recorded_failure(Path(state.output), flags_key) else 1,
     )

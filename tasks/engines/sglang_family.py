@@ -47,24 +47,27 @@ class SGLangFamily(Engine):
         super().check_before_start()
         check_attention_backend(self.settings)
 
+    def _hybrid(self) -> bool:
+        return model_is_hybrid(self.settings.model, self.settings.weights_gib)
+
     def server_flags(self, flags: ServerFlags) -> list[str]:
-        return config_args(flags, self.version(), hybrid=model_is_hybrid(self.settings))
+        return config_args(flags, self.version(), hybrid=self._hybrid())
 
     def server_argv(self, flags: ServerFlags, port: int) -> list[str]:
         return server_args(flags, self.version(), model=self.settings.model,
                            host=self.settings.host, port=port, api_key=self.api_key,
-                           hybrid=model_is_hybrid(self.settings))
+                           hybrid=self._hybrid())
 
     def capacity(self, handle: ServerHandle) -> Capacity:
         """Pools and caps from the server's own /server_info."""
         return measure_one(handle, self.api_key)
 
 
-def model_is_hybrid(settings: JobSettings) -> bool:
+def model_is_hybrid(model: str, weights_gib: float | None) -> bool:
     """Whether the model has mamba layers; a model without a profile counts as hybrid (SGLang
     decides its flags; we only lose planning)."""
     try:
-        return model_profile(settings.model, settings.weights_gib).hybrid
+        return model_profile(model, weights_gib).hybrid
     except ValueError:
         return True
 
