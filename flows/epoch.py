@@ -74,20 +74,21 @@ def run_epoch(state: JobState, ctx: JobContext, tuner: Tuner, epoch: int) -> Epo
 def _serve(state: JobState, ctx: JobContext, tuner: Tuner, epoch: int, fleet: RollingFleet,
            startup_s: float) -> WatchResult:
     settings = tuner.settings
-    caps = measure_capacity(fleet.handles(), fleet.engine)
-    fleet.caps = {c.index: c for c in caps}
-    capacity_artifact(settings.server, caps)
-    note = capacity_note(tuner.fleet_measured(epoch, caps), caps)
+    capacities = measure_capacity(fleet.handles(), fleet.engine)
+    fleet.capacity_of = {c.index: c for c in capacities}
+    capacity_artifact(settings.server, capacities)
+    note = capacity_note(tuner.fleet_measured(epoch, capacities), capacities)
     if note:
         ctx.logger.info(note)
-    ctx.monitor.watch({f"server-{c.index}": c.url for c in caps}, epoch)
+    ctx.monitor.watch({f"server-{c.index}": c.url for c in capacities}, epoch)
     watch = tuner.watch(epoch, fleet, WorkLeft(len(state.pending),
                                                len(state.pending) * settings.shard_size),
                         startup_s)
     watch.start()
     began = time.monotonic()
     try:
-        stats = generate_shards(settings, state, caps, ctx.progress, watch.stop, fleet.control)
+        stats = generate_shards(settings, state, capacities, ctx.progress, watch.stop,
+                                fleet.control)
     finally:
         ctx.totals.generating_s += time.monotonic() - began
         fleet.abort.set()  # a canary cycle in progress gives up; no server starts after this

@@ -123,7 +123,7 @@ def _stop_fleet_hook(flow_: Any, flow_run: Any, state: Any) -> None:
 
 
 def summarize(tuner: Tuner, state: JobState, totals: RunTotals, seconds: float) -> RunSummary:
-    settings, caps = tuner.settings, tuner.capacities
+    settings, capacities = tuner.settings, tuner.capacities
     wall_tok_s = totals.tokens / seconds if seconds > 0 else 0.0
     time_scale = tuner.time_scale
     return RunSummary(
@@ -137,8 +137,8 @@ def summarize(tuner: Tuner, state: JobState, totals: RunTotals, seconds: float) 
             tuner.state.monitor.feed_snapshot())), 1),
         servers=[ServerSummary(url=c.url, max_running_requests=c.max_running_requests,
                                max_total_num_tokens=c.max_total_num_tokens,
-                               max_mamba_cache_size=c.max_mamba_cache_size) for c in caps],
-        capacity_note=capacity_note(tuner.memory_plan() if caps else None, caps),
+                               max_mamba_cache_size=c.max_mamba_cache_size) for c in capacities],
+        capacity_note=capacity_note(tuner.memory_plan() if capacities else None, capacities),
         restarts=len(tuner.cycles),
         answers_redone_after_drains=max(0, totals.answers - totals.done - totals.errors),
         cycles=[c.record() for c in tuner.cycles],

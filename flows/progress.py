@@ -23,17 +23,17 @@ from tasks.totals import RunTotals
 from tasks.upload import ShardUploader
 
 
-def capacity_artifact(flags: ServerFlags, caps: list[Capacity]) -> None:
+def capacity_artifact(flags: ServerFlags, capacities: list[Capacity]) -> None:
     create_table_artifact(
         key="fleet-capacity", description="servers: config and measured capacity",
-        table=[capacity_row(flags, c) for c in caps])
+        table=[capacity_row(flags, c) for c in capacities])
 
 
 def capacity_row(flags: ServerFlags, cap: Capacity) -> dict[str, Any]:
     """One server's row: the flags as requested (prefixed), then what the server measured —
     a requested max_running_requests (256) must never stand in the measured column (85)."""
     requested = flags.model_dump(exclude={"extra_args"}, exclude_none=True)
-    return {"server": cap.url, "config": cap.config, "sglang": cap.version,
+    return {"server": cap.url, "config": cap.fingerprint, "sglang": cap.version,
             **{f"requested_{k}": v for k, v in requested.items()},
             "max_running_requests": cap.max_running_requests,
             "max_total_num_tokens": cap.max_total_num_tokens,

@@ -71,7 +71,7 @@ def restart_times(samples: list[Sample]) -> list[tuple[float, int]]:
     return sorted((t, e) for e, t in first.items() if e > 1)
 
 
-def plot_png(samples: list[Sample], caps: dict[int, dict[str, int]], time_scale: float,
+def plot_png(samples: list[Sample], caps_by_epoch: dict[int, dict[str, int]], time_scale: float,
              run_seconds: float, clock: str) -> bytes:
     """The three-panel figure as PNG bytes."""
     import matplotlib
@@ -97,7 +97,7 @@ def plot_png(samples: list[Sample], caps: dict[int, dict[str, int]], time_scale:
     ax_tok.set_ylim(0, 1.15 * top if top > 0 else None)  # the fleet line clear of the frame
     ax_tok.set_title(f"output tok/s from generation_tokens_total ({clock}; "
                      f"{window:.0f}-s window)")
-    _running_panel(ax_run, samples, caps, gap)
+    _running_panel(ax_run, samples, caps_by_epoch, gap)
     _pool_panel(ax_pool, samples, gap)
     end = max([run_seconds, *(s.t for s in samples)])
     for ax in (ax_tok, ax_run, ax_pool):
@@ -150,7 +150,7 @@ def _sample_interval(samples: list[Sample]) -> float:
     return gaps[len(gaps) // 2] if gaps else 1.0
 
 
-def _running_panel(ax: Any, samples: list[Sample], caps: dict[int, dict[str, int]],
+def _running_panel(ax: Any, samples: list[Sample], caps_by_epoch: dict[int, dict[str, int]],
                    gap: float) -> None:
     by_server: Series = defaultdict(list)
     for s in samples:
@@ -161,7 +161,7 @@ def _running_panel(ax: Any, samples: list[Sample], caps: dict[int, dict[str, int
         ax.plot(*_gapped(points, gap), lw=1, color=color, label=f"{server} running",
                 **_marks(points))
         for epoch, span in _epoch_spans(samples).items():
-            cap = caps.get(epoch, {}).get(server)
+            cap = caps_by_epoch.get(epoch, {}).get(server)
             if cap is not None:
                 ax.hlines(cap, *span, colors=color, linestyles=":", lw=1.5)
     ax.set_ylim(bottom=0)
@@ -200,7 +200,7 @@ def _epoch_spans(samples: list[Sample]) -> dict[int, tuple[float, float]]:
 
 def write_report(output: Path, summary: RunSummary | dict[str, Any], samples: list[Sample],
                  cycles: list[dict[str, Any]], time_scale: float,
-                 caps: dict[int, dict[str, int]] | None = None) -> tuple[Path, str]:
+                 caps_by_epoch: dict[int, dict[str, int]] | None = None) -> tuple[Path, str]:
     """Write report.md, report.png and summary.json (the summary's fields, for scripts: this
     run's, replaced by the next run's); return the markdown path and the artifact text (the
     same markdown with the picture embedded)."""
@@ -209,7 +209,7 @@ def write_report(output: Path, summary: RunSummary | dict[str, Any], samples: li
     if not isinstance(summary, RunSummary):
         summary = RunSummary.model_validate(summary)
     (output / "summary.json").write_text(summary.model_dump_json(indent=1) + "\n")
-    png = plot_png(samples, caps or {}, time_scale, summary.seconds, clock)
+    png = plot_png(samples, caps_by_epoch or {}, time_scale, summary.seconds, clock)
     (output / "report.png").write_bytes(png)
     body = _markdown(summary, cycles)
     image = "![throughput, running vs cap and pool usage over the run]"

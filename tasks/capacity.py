@@ -25,7 +25,7 @@ class Capacity:
     max_total_num_tokens: int
     max_mamba_cache_size: int | None
     context_len: int | None
-    config: str
+    fingerprint: str  # of the server flags it runs (the output rows' `config` column)
 
 
 def measure_one(handle: ServerHandle, api_key: str | None) -> Capacity:
@@ -37,7 +37,7 @@ def measure_one(handle: ServerHandle, api_key: str | None) -> Capacity:
             "is this an SGLang server that finished starting?")
     return Capacity(handle.index, handle.url, info.version, info.max_running_requests,
                     info.max_total_num_tokens, info.max_mamba_cache_size, info.context_len,
-                    handle.config)
+                    handle.fingerprint)
 
 
 def client_limit(cap: Capacity, configured: int | None, queue_target: int) -> int:

@@ -331,7 +331,7 @@ class Dispatcher:
         self._first.answer(ep.name)
         self._queue.done(item)
         row = output_row(item.row, self.opts, answer, Delivery(
-            item.sample, body, ep.name, ep.config, ep.version, time.monotonic() - started))
+            item.sample, body, ep.name, ep.fingerprint, ep.version, time.monotonic() - started))
         shard = self._shards[item.shard]
         shard.results[item.index] = row
         self.stats.completed += 1

@@ -15,7 +15,7 @@ class Endpoint:
     name: str
     url: str
     limit: int
-    config: str  # server-config fingerprint recorded with each completion
+    fingerprint: str  # of its server flags, recorded with each completion
     version: str | None = None  # the server's SGLang version, recorded with each completion
     primes_prefixes: bool = False  # its cache cannot resume at branch points (no_buffer)
 

@@ -37,7 +37,7 @@ class ServerHandle:
     url: str
     log_path: str
     record: ProcessRecord
-    config: str  # server-flags fingerprint
+    fingerprint: str  # of the server flags it was started with
 
 
 def registry_for(output: Path) -> ProcessRegistry:
@@ -56,7 +56,7 @@ def stop_stale(registry: ProcessRegistry, grace_s: float) -> list[ProcessRecord]
 
 
 def launch_fleet(specs: list[LaunchSpec], registry: ProcessRegistry,
-                 config: str, grace_s: float = 30.0) -> list[ServerHandle]:
+                 fingerprint: str, grace_s: float = 30.0) -> list[ServerHandle]:
     """Start every server; fail early if a port is held by a process that is not ours."""
     stop_stale(registry, grace_s)
     busy = wait_ports_free(specs[0].host, [s.port for s in specs], timeout_s=5.0) if specs else []
@@ -68,14 +68,14 @@ def launch_fleet(specs: list[LaunchSpec], registry: ProcessRegistry,
     handles: list[ServerHandle] = []
     try:
         for spec in specs:
-            handles.append(launch_one(spec, registry, config))
+            handles.append(launch_one(spec, registry, fingerprint))
     except OSError as exc:
         stop_fleet(handles, registry, grace_s)
         raise LaunchError(f"could not start server: {exc}") from exc
     return handles
 
 
-def launch_one(spec: LaunchSpec, registry: ProcessRegistry, config: str) -> ServerHandle:
+def launch_one(spec: LaunchSpec, registry: ProcessRegistry, fingerprint: str) -> ServerHandle:
     """Start one server and list it in the registry (its secrets go through a 0600 file)."""
     argv, secret_file = hide_secrets(spec.argv, spec.secrets)
     try:
@@ -84,7 +84,7 @@ def launch_one(spec: LaunchSpec, registry: ProcessRegistry, config: str) -> Serv
         discard(secret_file)
         raise
     registry.add(record)
-    return ServerHandle(spec.index, spec.gpu, spec.url, str(spec.log_path), record, config)
+    return ServerHandle(spec.index, spec.gpu, spec.url, str(spec.log_path), record, fingerprint)
 
 
 def stop_one(handle: ServerHandle, registry: ProcessRegistry, grace_s: float,

@@ -171,7 +171,7 @@ class Delivery:
     sample: int
     body: dict[str, Any]
     server: str
-    config: str
+    fingerprint: str  # of the server's flags: the row's `config` column
     version: str | None
     latency_s: float
 
@@ -182,7 +182,7 @@ def output_row(row: dict[str, Any], opts: DispatchOptions, answer: Answer,
     the pipeline's (infra/output_row.py: OutputRow) — the answer and its provenance."""
     given = row if opts.keep_input_columns else {"id": row["id"]}
     made = OutputRow(sample_index=delivery.sample, **answer, server=delivery.server,
-                     config=delivery.config, model=opts.model,
+                     config=delivery.fingerprint, model=opts.model,
                      sglang_version=delivery.version,
                      sampling_params=sent_sampling(delivery.body),
                      latency_s=round(delivery.latency_s, 4))

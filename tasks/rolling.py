@@ -45,7 +45,7 @@ class RollingFleet:
                  out: Path, epoch: int, logger: Any) -> None:
         self.engine = engine
         self._handles = {h.index: h for h in handles}
-        self.caps: dict[int, Capacity] = {}
+        self.capacity_of: dict[int, Capacity] = {}
         self.job = settings  # the job's facts (drain timeout, servers per GPU, queue target)
         self.config = {h.index: FleetConfig.of(settings) for h in handles}  # what each runs
         self.out = out
@@ -73,7 +73,7 @@ class RollingFleet:
 
     def capacities(self) -> list[Capacity]:
         with self._lock:
-            return [self.caps[i] for i in sorted(self.caps)]
+            return [self.capacity_of[i] for i in sorted(self.capacity_of)]
 
     def replace(self, index: int, config: FleetConfig, tag: str,
                 force: bool = False) -> Replaced:
@@ -81,7 +81,7 @@ class RollingFleet:
         otherwise the client limit changes in place); raises ServerStartFailed (the server is
         then down and out of dispatch: the caller restores a known config)."""
         started = time.monotonic()
-        if not force and config.flags == self.config[index].flags and index in self.caps:
+        if not force and config.flags == self.config[index].flags and index in self.capacity_of:
             return self._relimit(index, config)
         with self.control.restarting():
             return self._restart(index, config, tag, started)
@@ -110,7 +110,7 @@ class RollingFleet:
         startup = engine.wait_healthy([handle], abort=self.abort)
         cap = engine.capacity(handle)
         with self._lock:
-            self.caps[index] = cap
+            self.capacity_of[index] = cap
         self.control.join(self._endpoint(config, cap))
         self.last_join = time.monotonic()
         out_s = time.monotonic() - started
@@ -124,7 +124,7 @@ class RollingFleet:
         """Same server flags, other client concurrency: no restart, new workers."""
         with self._lock:
             self.config[index] = config
-            cap = self.caps[index]
+            cap = self.capacity_of[index]
         endpoint = self._endpoint(config, cap)
         self.control.join(endpoint)
         self.logger.info("server-%d: client limit now %s (no restart needed)", index,

@@ -88,11 +88,11 @@ OnCommit = Callable[[ManifestEntry, list[int]], None]
 
 
 def endpoint_of(config: FleetConfig, queue_target: int, cap: Capacity) -> Endpoint:
-    """How the dispatcher sees one server: its name, URL, in-flight limit and config."""
+    """How the dispatcher sees one server: its name, URL, in-flight limit, what it runs."""
     flags = config.flags
     return Endpoint(name=f"server-{cap.index}", url=cap.url,
-                    limit=client_limit(cap, config.concurrency, queue_target), config=cap.config,
-                    version=cap.version, primes_prefixes=(
+                    limit=client_limit(cap, config.concurrency, queue_target),
+                    fingerprint=cap.fingerprint, version=cap.version, primes_prefixes=(
                         flags.mamba_strategy == "no_buffer" and not flags.disable_radix_cache))
 
 

@@ -178,4 +178,4 @@ class VLLMServers(LocalServers):
         cap = self.settings.server.max_running_requests or 0
         return Capacity(handle.index, handle.url, None, cap,
                         int(info["num_gpu_blocks"]) * int(info["block_size"]), None, None,
-                        handle.config)
+                        handle.fingerprint)

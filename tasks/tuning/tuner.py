@@ -58,7 +58,7 @@ class Pace:
     to pay for itself (tasks/tuning/policy.py: restart_cost, gain_to_pay_for_restart)."""
 
     state: TunerState
-    caps: list[Capacity]
+    capacities: list[Capacity]
     startup_s: float
     prompts_at_start: int
     done_at_start: int
@@ -78,15 +78,17 @@ class Pace:
         if server_tok_s <= 0:
             return tuning.min_predicted_gain
         cost = restart_cost(self.startup_s, tuning.drain_timeout_s, job.stop_grace_s,
-                            per_prompt, max(c.max_running_requests for c in self.caps),
+                            per_prompt, max(c.max_running_requests for c in self.capacities),
                             server_tok_s)
-        return gain_to_pay_for_restart(left, per_prompt, server_tok_s, len(self.caps), cost,
+        return gain_to_pay_for_restart(left, per_prompt, server_tok_s, len(self.capacities), cost,
                                        tuning.min_predicted_gain, tuning.restart_payback)
 
     def work_left_s(self, diag: Diagnosis) -> float:
         """Wall seconds the fleet needs for the work left at the diagnosed rate."""
         per_prompt, server_tok_s, left = self.rates(diag)
-        return left * per_prompt / (server_tok_s * len(self.caps)) if server_tok_s > 0 else 0.0
+        if server_tok_s <= 0:
+            return 0.0
+        return left * per_prompt / (server_tok_s * len(self.capacities))
 
 
 class Tuner:
@@ -156,11 +158,11 @@ class Tuner:
         if self.state.cycles:
             self.state.cycles[-1].next_fleet_up(startup_s)
 
-    def fleet_measured(self, epoch: int, caps: list[Capacity]) -> MemoryPlan | None:
+    def fleet_measured(self, epoch: int, capacities: list[Capacity]) -> MemoryPlan | None:
         """The servers' own capacities (and the SGLang version they report) are known: the
         hardware the policy reasons about, and the memory model's view of the flags."""
-        self.state.hardware = self.state.engine.hardware(caps[0].version)
-        self.state.capacities_changed(epoch, caps)
+        self.state.hardware = self.state.engine.hardware(capacities[0].version)
+        self.state.capacities_changed(epoch, capacities)
         return self.state.memory_plan()
 
     def watch(self, epoch: int, fleet: RollingFleet, work: WorkLeft,
@@ -168,16 +170,16 @@ class Tuner:
         """The epoch's regression watch, with what it may do: canary, rollout and rollback,
         repairs of single servers — or, for servers the job does not own, advice."""
         state, tuning = self.state, self.state.job.tuning
-        caps = state.capacities
-        pace = Pace(state, caps, startup_s, work.prompts, state.totals.done)
+        capacities = state.capacities
+        pace = Pace(state, capacities, startup_s, work.prompts, state.totals.done)
         best = state.ledger.best(state.config.key)
         watch = RegressionWatch(
             state.monitor,
-            WatchTargets({f"server-{c.index}": c.max_running_requests for c in caps},
+            WatchTargets({f"server-{c.index}": c.max_running_requests for c in capacities},
                          state.memory_plan(), state.time_scale, tuning.window_s,
                          tuning.target_tok_s_per_gpu, best.tok_s_per_gpu if best else None,
                          state.config.concurrency),
-            self._may_move(work, len(caps)), self._proposer(), pace.gain_needed)
+            self._may_move(work, len(capacities)), self._proposer(), pace.gain_needed)
         watch.work_left_s = pace.work_left_s
         # one line per changed verdict, else one per ten windows of wall clock
         watch.on_check = CheckLog(state.logger.info, 10 * tuning.window_s)

@@ -42,7 +42,7 @@ def run(endpoints: list[Endpoint], work: list, on_kill: Any = None) -> tuple[dic
 
 
 def endpoints(handles: list, limit: int = 8) -> list[Endpoint]:
-    return [Endpoint(f"server-{h.index}", h.url, limit, h.config) for h in handles]
+    return [Endpoint(f"server-{h.index}", h.url, limit, h.fingerprint) for h in handles]
 
 
 def test_every_prompt_once_with_5xx_faults(sim_fleet) -> None:

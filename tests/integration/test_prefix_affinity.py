@@ -40,7 +40,7 @@ def run(handles: list, key_chars: int,
         assert not errors
         rows.extend(done)
 
-    eps = [Endpoint(f"server-{h.index}", h.url, 8, h.config, primes_prefixes=primes)
+    eps = [Endpoint(f"server-{h.index}", h.url, 8, h.fingerprint, primes_prefixes=primes)
            for h in handles]
     dispatcher = Dispatcher(eps, dataclasses.replace(OPTS, prefix_key_chars=key_chars), commit)
     asyncio.run(dispatcher.run(iter(grouped(60, 4, salt=key_chars + primes))))

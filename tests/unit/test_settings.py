@@ -78,7 +78,7 @@ def test_capacity_row_keeps_measured_and_requested_apart() -> None:
     settings = load_settings(None, **{"server": {"max_running_requests": 256}})
     cap = Capacity(index=0, url="http://h:1", version="0.5.17", max_running_requests=85,
                    max_total_num_tokens=1000, max_mamba_cache_size=255, context_len=None,
-                   config="abc")
+                   fingerprint="abc")
     row = capacity_row(settings.server, cap)
     assert row["max_running_requests"] == 85
     assert row["requested_max_running_requests"] == 256
