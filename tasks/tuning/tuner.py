@@ -118,11 +118,6 @@ class Tuner:
         launches and dispatches with."""
         return self.state.settings
 
-    @property
-    def config(self) -> FleetConfig:
-        """The configuration the fleet runs now."""
-        return self.state.config
-
     # --- what the run's summary and report read ------------------------------------------
 
     @property
