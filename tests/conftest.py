@@ -135,7 +135,14 @@ def socket_closed(port: int) -> bool:
 
 
 @pytest.fixture(scope="session")
-def s3_endpoint() -> Iterator[str]:
+def s3_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """moto's request log (one line per request, with its status): what a test that saw an
+    unexpected S3 answer prints to say which request got it."""
+    return tmp_path_factory.getbasetemp() / "moto.log"
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(s3_log: Path) -> Iterator[str]:
     """A real S3 server (moto's server mode) on 127.0.0.1, with test credentials."""
     import subprocess
     import sys
@@ -145,19 +152,22 @@ def s3_endpoint() -> Iterator[str]:
 
     port = free_port_block(1)
     exe = Path(sys.executable).parent / "moto_server"
+    log = open(s3_log, "wb")  # noqa: SIM115 - closed after the server stops
     proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
-            httpx.get(url, timeout=1)
-            break
+            if httpx.get(url, timeout=1).status_code == 200:  # moto lists buckets on GET /
+                break
         except httpx.HTTPError:
             time.sleep(0.2)
     else:
         proc.kill()
-        raise RuntimeError("moto_server did not start")
+        log.close()
+        raise RuntimeError(f"moto_server did not start on port {port}: "
+                           f"{s3_log.read_text(errors='replace')[-2000:]}")
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     try:
@@ -165,6 +175,7 @@ def s3_endpoint() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+        log.close()
 
 
 @pytest.fixture

@@ -6,8 +6,10 @@
   the run's shared folder; the others read its address from there. Every worker exports it,
   so each CLI subprocess a test starts talks to it instead of booting its own. The tests
   whose point is the temporary API (the README block, the killed-run marking) strip it; the
-  ones that deploy and start process workers (deployment, fleet) run one at a time (one xdist
-  group), since two of them on one server's pools take each other's runs. Every Prefect home
+  ones that deploy and start process workers (deployment, fleet) hold the run's work-pool lock
+  (`work_pools_held`) while their workers poll, since two of them on one server's pools take
+  each other's runs: a node run of the fleet test, taken by the deployment test's worker, went
+  to that worker's S3 server and failed "bucket does not exist". Every Prefect home
   the tests make starts from one migrated database (`migrated_home`).
 * **No leaks.** The controller marks the run with `EXPANSION_TEST_RUN=<id>` before the workers
   start; every process the tests start inherits it. At the end the controller stops the shared
@@ -28,6 +30,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -41,6 +44,21 @@ def mark_run() -> None:
     if RUN_MARK not in os.environ:
         os.environ[RUN_MARK] = uuid.uuid4().hex
         os.environ[SHARED_DIR] = tempfile.mkdtemp(prefix="expansion-tests-")
+
+
+@contextlib.contextmanager
+def work_pools_held() -> Iterator[None]:
+    """The run's work pools, for one test module's process workers at a time, across xdist
+    workers. The xdist group these tests share is not enough: with pytest 9.2, xdist 3.8's
+    `--dist loadgroup` silently stops grouping (pytest-dev/pytest-xdist#1386), and in a plain
+    `-n 3` run the two modules' workers polled "gpu-local" at once. A lock holds whatever the
+    scheduler does; when the group works, nobody waits on it."""
+    with open(Path(os.environ[SHARED_DIR]) / "work-pools.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _healthy(url: str) -> bool:

@@ -20,6 +20,7 @@ import pytest
 
 from infra.manifest import Manifest
 from infra.processes import ProcessRegistry, is_alive, port_is_free
+from tests import session as run_session
 from tests.conftest import free_port_block, stop_process_group
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,29 +41,29 @@ def prefect(env: dict[str, str], *args: str, timeout: float = 300) -> str:
 def worker(prefect_server: dict[str, str], s3_endpoint: str,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     # Workers of one pool must be interchangeable, as on a real cluster: this one shares
-    # "gpu-local" on the run's Prefect server with test_fleet.py's, and when it was still
-    # polling it took node runs it could not finish (no S3 credentials: node-0 FAILED twice
-    # in session 13's fresh-clone runs). So it gets the same S3 settings.
+    # "gpu-local" on the run's Prefect server with test_fleet.py's. The work-pool lock keeps
+    # the two modules' workers from polling at once; the S3 settings are the same anyway.
     env = {**os.environ, **prefect_server,
            "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1",
            "EXPANSION_SIM__STARTUP_S": "0.2", "EXPANSION_STOP_GRACE_S": "5",
            "EXPANSION_STORAGE__ENDPOINT_URL": s3_endpoint,
            "EXPANSION_SAMPLING__MAX_NEW_TOKENS": "32"}
-    for pool in (POOL, "control"):
-        subprocess.run([PREFECT, "work-pool", "create", pool, "--type", "process"], env=env,
-                       cwd=ROOT, capture_output=True, timeout=120)
-    prefect(env, "--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml")
-    log_path = tmp_path_factory.mktemp("worker") / "worker.log"
-    env["DEPLOYMENT_TEST_WORKER_LOG"] = str(log_path)
-    log = open(log_path, "wb")  # noqa: SIM115
-    proc = subprocess.Popen([PREFECT, "worker", "start", "--pool", POOL, "--limit", "1"],
-                            env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    try:
-        yield env
-    finally:
-        stop_process_group(proc, signal.SIGINT)  # workers stop cleanly on SIGINT, not SIGTERM
-        log.close()
+    with run_session.work_pools_held():  # the pools are this module's until it ends
+        for pool in (POOL, "control"):
+            subprocess.run([PREFECT, "work-pool", "create", pool, "--type", "process"], env=env,
+                           cwd=ROOT, capture_output=True, timeout=120)
+        prefect(env, "--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml")
+        log_path = tmp_path_factory.mktemp("worker") / "worker.log"
+        env["DEPLOYMENT_TEST_WORKER_LOG"] = str(log_path)
+        log = open(log_path, "wb")  # noqa: SIM115
+        proc = subprocess.Popen([PREFECT, "worker", "start", "--pool", POOL, "--limit", "1"],
+                                env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            yield env
+        finally:
+            stop_process_group(proc, signal.SIGINT)  # workers stop cleanly on SIGINT, not SIGTERM
+            log.close()
 
 
 def write_prompts(path: Path, n: int) -> Path:

@@ -20,6 +20,7 @@ import polars as pl
 import pytest
 
 from infra.processes import ProcessRegistry
+from tests import session as run_session
 from tests.conftest import free_port_block, stop_process_group
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,33 +61,45 @@ def two_nodes(prefect_server: dict[str, str], s3_endpoint: str,
            "EXPANSION_SIM__STARTUP_S": "0.2", "EXPANSION_STOP_GRACE_S": "5",
            "EXPANSION_STORAGE__ENDPOINT_URL": s3_endpoint,
            "EXPANSION_SAMPLING__MAX_NEW_TOKENS": "32", "EXPANSION_TUNING__ENABLED": "false"}
-    for pool in ("gpu-local", "control"):
-        subprocess.run([PREFECT, "work-pool", "create", pool, "--type", "process"], env=env,
-                       cwd=ROOT, capture_output=True, timeout=120)
-    proc = subprocess.run([PREFECT, "--no-prompt", "deploy", "--all", "--prefect-file",
-                           "deployments/prefect.yaml"], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    logs = tmp_path_factory.mktemp("workers")
-    workers = []
-    for i in range(2):
-        log = open(logs / f"worker-{i}.log", "wb")  # noqa: SIM115 - closed below
-        workers.append((subprocess.Popen(
-            [PREFECT, "worker", "start", "--pool", "gpu-local", "--limit", "1",
-             "--name", f"node-{i}"], env=env, cwd=ROOT, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True), log))
-    try:
-        yield env
-    finally:
-        for proc_, log in workers:
-            stop_process_group(proc_, signal.SIGINT)  # workers stop cleanly on SIGINT
-            log.close()
+    with run_session.work_pools_held():  # the pools are this module's until it ends
+        for pool in ("gpu-local", "control"):
+            subprocess.run([PREFECT, "work-pool", "create", pool, "--type", "process"], env=env,
+                           cwd=ROOT, capture_output=True, timeout=120)
+        proc = subprocess.run([PREFECT, "--no-prompt", "deploy", "--all", "--prefect-file",
+                               "deployments/prefect.yaml"], env=env, cwd=ROOT, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        logs = tmp_path_factory.mktemp("workers")
+        env["FLEET_TEST_WORKER_LOGS"] = str(logs)
+        workers = []
+        for i in range(2):
+            log = open(logs / f"worker-{i}.log", "wb")  # noqa: SIM115 - closed below
+            workers.append((subprocess.Popen(
+                [PREFECT, "worker", "start", "--pool", "gpu-local", "--limit", "1",
+                 "--name", f"node-{i}"], env=env, cwd=ROOT, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True), log))
+        try:
+            yield env
+        finally:
+            for proc_, log in workers:
+                stop_process_group(proc_, signal.SIGINT)  # workers stop cleanly on SIGINT
+                log.close()
+
+
+def _diagnosis(env: dict[str, str], s3_log: Path, bucket: str) -> str:
+    """What the workers and the S3 server said: the requests on the job's bucket with their
+    statuses, and the end of each worker's log."""
+    s3 = [line for line in s3_log.read_text(errors="replace").splitlines() if bucket in line]
+    parts = ["S3 requests on the bucket (moto):", *s3[-40:]]
+    for log in sorted(Path(env["FLEET_TEST_WORKER_LOGS"]).glob("worker-*.log")):
+        parts += [f"--- {log.name} ---", log.read_text(errors="replace")[-3000:]]
+    return "\n".join(parts)
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("prefect_server")
 def test_losing_a_node_mid_run_still_gives_every_id_once(two_nodes: dict[str, str],
-                                                         s3_endpoint: str, bucket: str,
+                                                         s3_log: Path, bucket: str,
                                                          tmp_path: Path) -> None:
     n = 600  # 12 shards: node-0 is killed after its second of six commits
     src = tmp_path / "p.jsonl"
@@ -122,7 +135,8 @@ def test_losing_a_node_mid_run_still_gives_every_id_once(two_nodes: dict[str, st
             break
         time.sleep(0.3)
     out, err = parent.communicate(timeout=600)
-    assert killed is not None, f"node-0 was never seen mid-run; the fleet flow:\n{err[-3000:]}"
+    assert killed is not None, (f"node-0 was never seen mid-run; the fleet flow:\n{err[-3000:]}"
+                                f"\n{_diagnosis(two_nodes, s3_log, bucket)}")
     assert parent.returncode == 0, err[-4000:]
     result = json.loads(out.strip().splitlines()[-1])
     assert any(s != "COMPLETED" for s in result["rounds"][0]["states"].values())
@@ -136,7 +150,8 @@ def test_losing_a_node_mid_run_still_gives_every_id_once(two_nodes: dict[str, st
     assert first["node-1-r0"]["created"] < first["node-0-r0"]["end_time"], first
     for node, rid in round_runs.items():
         assert "AwaitingConcurrencySlot" not in _state_names(two_nodes, rid), node
-    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    s3 = boto3.client("s3", endpoint_url=two_nodes["EXPANSION_STORAGE__ENDPOINT_URL"],
+                      region_name="us-east-1")
     manifest = s3.get_object(Bucket=bucket, Key="fleet/manifest.jsonl")["Body"].read()
     ids: list[str] = []
     for line in manifest.decode().splitlines():
