@@ -109,7 +109,8 @@ def pipeline_run(servers: int, time_scale: float, prompts: int) -> PipelineResul
                                      "sampling.max_new_tokens": MAX_NEW})
         out = Path(settings.output)
         state = prepare_job(src, out, settings.shard_size)
-        handles = launch_fleet(build_engine(settings).launch_specs(settings.server, out),
+        engine = build_engine(settings)
+        handles = launch_fleet(engine.launch_specs(settings.server, out),
                                registry_for(out),
                                "b", 5.0)
         monitor = FleetMonitor(1.0, None, SGLangMetrics())
@@ -120,7 +121,7 @@ def pipeline_run(servers: int, time_scale: float, prompts: int) -> PipelineResul
             monitor.sample_now()
             monitor.start()
             cpu0 = resource.getrusage(resource.RUSAGE_SELF)
-            generate_pending(settings, state, caps)
+            generate_pending(settings, state, caps, engine.requests)
             cpu1 = resource.getrusage(resource.RUSAGE_SELF)
             monitor.stop()
             monitor.sample_now()

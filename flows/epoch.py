@@ -87,8 +87,8 @@ def _serve(state: JobState, ctx: JobContext, tuner: Tuner, epoch: int, fleet: Ro
     watch.start()
     began = time.monotonic()
     try:
-        stats = generate_shards(settings, state, capacities, ctx.progress, watch.stop,
-                                fleet.control)
+        stats = generate_shards(settings, state, capacities, fleet.engine.requests,
+                                ctx.progress, watch.stop, fleet.control)
     finally:
         ctx.totals.generating_s += time.monotonic() - began
         fleet.abort.set()  # a canary cycle in progress gives up; no server starts after this

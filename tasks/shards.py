@@ -24,7 +24,6 @@ from infra.settings import JobSettings
 from infra.sglang.profiles import model_profile
 from tasks.capacity import Capacity, client_limit
 from tasks.dispatch import Dispatcher, DispatchOptions, DispatchStats, Endpoint
-from tasks.engines import ENGINES
 from tasks.first_batch import (
     FleetCannotServe,
     forget_failure,
@@ -33,6 +32,7 @@ from tasks.first_batch import (
 )
 from tasks.fleet_config import FleetConfig
 from tasks.fleet_control import FleetControl
+from tasks.requests import RequestShapes
 from tasks.run_ends import OutputTakenOver, writing_output
 
 
@@ -120,10 +120,11 @@ def vocabulary_warning(settings: JobSettings) -> str | None:
 
 
 def generate_pending(settings: JobSettings, state: JobState, capacities: list[Capacity],
-                     on_commit: OnCommit | None = None,
+                     shapes: RequestShapes, on_commit: OnCommit | None = None,
                      stop: threading.Event | None = None,
                      control: FleetControl | None = None) -> DispatchStats:
-    """Dispatch every pending shard across the fleet; commit shards as they complete."""
+    """Dispatch every pending shard across the fleet; commit shards as they complete.
+    `shapes` are the run's engine's: how a row becomes its request and an answer columns."""
     manifest = Manifest(Path(state.output))
     config = FleetConfig.of(settings)
     endpoints = [endpoint_of(config, settings.client.queue_target, c) for c in capacities]
@@ -142,7 +143,7 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
         keep_input_columns=settings.keep_input_columns,
         prefix_key_chars=settings.client.prefix_affinity_chars,
         vocab_size=model_vocab_size(settings.model, settings.weights_gib),
-        shapes=ENGINES[settings.engine].requests,  # the engine's API: a fact of its kind
+        shapes=shapes,
         first_batch_relaunches=0 if recorded_failure(Path(state.output), flags_key) else 1,
     )
 
@@ -200,7 +201,7 @@ def plan_shards(prompts: str, output: str, shard_size: int) -> JobState:
 
 @task(name="generate_shards", cache_policy=NO_CACHE, retries=0)
 def generate_shards(settings: JobSettings, state: JobState, capacities: list[Capacity],
-                    on_commit: OnCommit | None = None,
+                    shapes: RequestShapes, on_commit: OnCommit | None = None,
                     stop: threading.Event | None = None,
                     control: FleetControl | None = None) -> DispatchStats:
-    return generate_pending(settings, state, capacities, on_commit, stop, control)
+    return generate_pending(settings, state, capacities, shapes, on_commit, stop, control)
