@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from infra.sglang.flags import ServerFlags
 from infra.sglang.hardware import Hardware
 from infra.sglang.memory import plan_memory
-from infra.sglang.roofline import build_roofline
+from infra.sglang.roofline import StepCalibration, build_roofline
 from infra.sim.scheduler import SchedulerOptions, SimScheduler
 from tasks.monitor import Sample
 
@@ -78,11 +78,15 @@ class ModeledScheduler(SimScheduler):
         await asyncio.sleep(modeled)
 
 
-def modeled_scheduler(hw: Hardware, flags: ServerFlags, speed: float = 1.0) -> ModeledScheduler:
-    """`speed` < 1: a degraded GPU (the simulator's fault), every step that much slower."""
+def modeled_scheduler(hw: Hardware, flags: ServerFlags, speed: float = 1.0,
+                      calibration: StepCalibration | None = None) -> ModeledScheduler:
+    """`speed` < 1: a degraded GPU (the simulator's fault), every step that much slower.
+    `calibration`: the step constants the GPU really runs at, where a test gives the
+    predictor other ones (a wrong prior); None: the measured ones the predictor uses."""
     plan = plan_memory(hw.model, hw.gpu, flags, hw.version)
     prefix_state = hw.version.locks_prefix_state and not flags.disable_radix_cache
-    return ModeledScheduler(plan, build_roofline(hw.model, hw.gpu, flags, plan), NO_WALL_CLOCK,
+    roofline = build_roofline(hw.model, hw.gpu, flags, plan, calibration=calibration)
+    return ModeledScheduler(plan, roofline, NO_WALL_CLOCK,
                          lambda _line: None,
                          SchedulerOptions(prefix_state=prefix_state, speed=speed))
 
@@ -113,7 +117,11 @@ class Tally:
 
 class ModeledFleet:
     """Servers that start after `startup_s`, one queue of requests (index → output length),
-    and the per-server in-flight limit the pipeline uses (client concurrency, or cap + 4)."""
+    and the per-server in-flight limit the pipeline uses (client concurrency, or cap + 4).
+    `calibration`: set before a launch, the step constants its GPUs really run at (a test
+    of a wrong prior: the tuner predicts with the measured ones, the fleet runs these)."""
+
+    calibration: StepCalibration | None = None
 
     def __init__(self, hw: Hardware, lengths: list[int], prompt_tokens: int,
                  max_new_tokens: int, startup_s: float, clients: int | None,
@@ -150,7 +158,7 @@ class ModeledFleet:
 
     async def _start(self, server: Server) -> None:
         await asyncio.sleep(self.startup_s)
-        engine = modeled_scheduler(self.hw, server.flags, server.speed)
+        engine = modeled_scheduler(self.hw, server.flags, server.speed, self.calibration)
         server.engine, server.up_at, server.accepting = engine, self.now(), True
         server.launches += 1
         server.tasks = [asyncio.create_task(engine.run())]
