@@ -56,17 +56,18 @@ MODELS: dict[str, ModelProfile] = {
 }
 
 GPUS: dict[str, GpuProfile] = {
-    "b200": GpuProfile("B200", total_mib=183359, bandwidth_gbs=8000, bf16_tflops=2250),
+    "b200": GpuProfile("B200", total_mib=183359, bandwidth_gbs=8000, bf16_tflops=2250,
+                       generation="blackwell"),
     "rtx-pro-6000": GpuProfile("RTX PRO 6000 Blackwell", total_mib=97887, bandwidth_gbs=1792,
-                               bf16_tflops=500),
+                               bf16_tflops=500, generation="blackwell"),
     # context_gib measured: "Load weight begin. avail mem=139.13 GB" of 140.40 (SGLang 0.5.17,
     # torch 2.11 + CUDA 13.0; docs/REAL_SGLANG.md).
     "h200": GpuProfile("H200", total_mib=143771, bandwidth_gbs=4800, bf16_tflops=989,
-                       context_gib=1.27),
+                       context_gib=1.27, generation="hopper"),
     # context_gib measured: "Load weight begin. avail mem=78.50 GB" of 79.65 on every H100 run
     # (bench/real_sglang/data/*-h100-*).
     "h100": GpuProfile("H100 80GB", total_mib=81559, bandwidth_gbs=3350, bf16_tflops=989,
-                       context_gib=1.15),
+                       context_gib=1.15, generation="hopper"),
 }
 
 

@@ -118,6 +118,9 @@ class GpuProfile:
     bandwidth_gbs: float  # HBM/GDDR bandwidth, GB/s
     bf16_tflops: float
     context_gib: float = 1.0  # CUDA context + NCCL, charged before weights load
+    # Its architecture ("hopper"): a family's step constants measured on one GPU of it stand
+    # for another that has none of its own (infra/sglang/roofline.py: calibration_key)
+    generation: str = ""
 
     @property
     def total_gib(self) -> float:

@@ -1,8 +1,9 @@
 """The 27B text shapes on an H100, a GPU no run had measured, on real SGLang 0.5.17 (dummy
 weights; bench/real_sglang/data/2026-12-05-h100-s21, `device.sh long plans/h100_27b_s21.json`).
-The planner's answers were saved before the run (plan-*.json there), so these check a
-prediction made blind: the pools it gets right, the rates it misses (strict xfails: they turn
-red once the step model is right on this GPU)."""
+The planner's answers were saved before the run (plan-*.json there), so the pools are checked
+on a prediction made blind. Its rates were 16-18 % low then, priced with the seeds' RTX PRO
+6000 constants; the step model now takes the 27B's H200 fit for a GPU of the same generation
+(infra/sglang/roofline.py: calibration_key), a fit that never saw these runs: within 1.4 %."""
 
 from __future__ import annotations
 
@@ -27,11 +28,6 @@ RAN = {r["name"]: r for r in json.loads(gzip.decompress(
     (DATA / "h100q27-results.json.gz").read_bytes())) if "runs" in r}
 H100 = gpu_profile("h100")
 Q27 = model_profile(str(ROOT / "tests" / "fixtures" / "models" / "qwen3.6-27b-text"), 50.16)
-RATE_OFF = {  # name → why the plan misses the measured wave by more than 15 %
-    "q27_default_h100": "planned 459 committed tok/s, measured 551 (-16.7 %): the step model "
-                        "has no H100 fit and borrows the RTX PRO 6000's",
-    "q27_bf16_m090_h100": "planned 877, measured 1,042 (-15.9 %): the same",
-}
 
 
 def test_two_servers_ran_and_the_third_was_cut_by_the_budget() -> None:
@@ -55,9 +51,7 @@ def test_kv_tokens_within_1_percent(name: str) -> None:
     assert plan.max_total_num_tokens == pytest.approx(rec["max_total_num_tokens"], rel=0.01)
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(reason=RATE_OFF[n], strict=True)) if n in RATE_OFF
-    else n for n in sorted(RAN)])
+@pytest.mark.parametrize("name", sorted(RAN))
 def test_the_wave_is_planned_within_15_percent(name: str) -> None:
     rec = RAN[name]
     wave = next(r for r in rec["runs"] if r["name"] == "wave")
