@@ -152,11 +152,13 @@ class CalibrationNote:
     key: str
     calibrated: bool
     uncertainty: float  # the relative error to expect (the fits' worst residual, or a guess)
+    borrowed: bool = False  # the entry is another GPU's of the same generation
 
     def describe(self) -> str:
         if self.calibrated:
             return f"step model measured as {self.key} (expect ±{self.uncertainty:.0%})"
-        return (f"step model not measured for this family on this GPU (nearest: {self.key}); "
+        return (f"step model not measured for this family on this GPU (nearest: {self.key}"
+                f"{', a GPU of its generation' if self.borrowed else ''}); "
                 f"expect ±{self.uncertainty:.0%} until a run measures it")
 
 
@@ -173,7 +175,8 @@ def calibration_note(gpu: GpuProfile, model: ModelProfile) -> CalibrationNote:
     here = key is not None and key.split("/")[0] == gpu.name  # not a sibling GPU's
     measured = here and key is not None and (key.endswith("-moe") if model.moe else key in own)
     uncertainty = CALIBRATED_ERROR if measured else UNCALIBRATED_ERROR
-    return CalibrationNote(key or "the seeds' RTX PRO 6000 fit", measured, uncertainty)
+    return CalibrationNote(key or "the seeds' RTX PRO 6000 fit", measured, uncertainty,
+                           borrowed=key is not None and not here)
 
 
 # Speculative verify + draft cost relative to a plain decode step, per draft token.

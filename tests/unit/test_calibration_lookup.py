@@ -1,0 +1,49 @@
+"""Which measured step constants a model is priced with (infra/sglang/roofline.py:
+calibration_key): its kind on its GPU, then on a GPU of the same generation, then an MoE's
+dense family fit, then the GPU's own entry — and what `expansion plan` says about each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from infra.sglang.profiles import ModelProfile, gpu_profile, model_profile
+from infra.sglang.roofline import calibration_key, calibration_note
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "bench" / "real_sglang" / "models"
+Q27 = model_profile(str(ROOT / "tests" / "fixtures" / "models" / "qwen3.6-27b-text"), 50.16)
+Q35 = model_profile(str(MODELS / "qwen3.6-35b-a3b-text"), 64.63)
+GRANITE_SMALL = model_profile(str(MODELS / "granite-4.0-h-small"), 59.98)
+NEMOTRON_4B = model_profile(str(MODELS / "nemotron-3-nano-4b"), 7.5)
+LFM2 = model_profile(str(MODELS / "lfm2-1.2b"), 2.2)
+
+
+@pytest.mark.parametrize(("model", "gpu", "key", "calibrated"), [
+    (Q27, "h200", "H200", True),  # GDN's fit is the H200's own entry (the 27B)
+    (Q27, "h100", "H200", False),  # no H100 GDN fit: the H200's, same generation
+    (Q35, "h200", "H200/gdn-moe", True),
+    (Q35, "h100", "H200/gdn-moe", False),
+    (GRANITE_SMALL, "h100", "H100 80GB/mamba2-moe", True),
+    # its kind's fit on a sibling GPU before its family's dense fit on its own
+    (GRANITE_SMALL, "h200", "H100 80GB/mamba2-moe", False),
+    (NEMOTRON_4B, "h200", "H200/mamba2", True),
+    (NEMOTRON_4B, "h100", "H200/mamba2", False),
+    (LFM2, "h200", "H200", False),  # no conv fit anywhere: the GPU's own entry
+    (LFM2, "h100", None, False),  # ... and none of its own on the H100: the seeds' fit
+    (Q27, "rtx-pro-6000", None, False),  # another generation's fit is never borrowed
+], ids=lambda v: getattr(v, "architecture", v))
+def test_the_entry_a_model_is_priced_with(model: ModelProfile, gpu: str, key: str | None,
+                                          calibrated: bool) -> None:
+    assert calibration_key(gpu_profile(gpu), model) == key
+    note = calibration_note(gpu_profile(gpu), model)
+    assert note.calibrated is calibrated
+
+
+def test_a_borrowed_entry_is_named_as_such_with_the_uncalibrated_bound() -> None:
+    said = calibration_note(gpu_profile("h100"), Q27).describe()
+    assert said == ("step model not measured for this family on this GPU (nearest: H200, a GPU "
+                    "of its generation); expect ±50% until a run measures it")
+    own = calibration_note(gpu_profile("h200"), LFM2).describe()
+    assert "a GPU of its generation" not in own
