@@ -17,7 +17,7 @@ from pathlib import Path
 
 from infra.sglang.flags import ServerFlags
 from infra.sglang.memory import MemoryPlan, per_slot_bytes
-from infra.sglang.profiles import GpuProfile, ModelProfile
+from infra.sglang.profiles import GPUS, GpuProfile, ModelProfile
 from infra.sglang.shapes import MoeShape
 
 CALIBRATION_FILE = Path(__file__).parent / "data" / "step_calibration.json"
@@ -124,8 +124,6 @@ def calibration_key(gpu: GpuProfile, model: ModelProfile | None = None) -> str |
 
 def _same_generation(gpu: GpuProfile) -> list[str]:
     """This GPU's name, then the other profiles' of its generation (in profile order)."""
-    from infra.sglang.profiles import GPUS
-
     siblings = [g.name for g in GPUS.values()
                 if gpu.generation and g.generation == gpu.generation and g.name != gpu.name]
     return [gpu.name, *siblings]
@@ -173,7 +171,7 @@ def calibration_note(gpu: GpuProfile, model: ModelProfile) -> CalibrationNote:
     own = (f"{gpu.name}/{model.family}",
            gpu.name if model.family == "gdn" else f"{gpu.name}/{model.family}")
     here = key is not None and key.split("/")[0] == gpu.name  # not a sibling GPU's
-    measured = here and key is not None and (key.endswith("-moe") if model.moe else key in own)
+    measured = here and (key or "").endswith("-moe") if model.moe else here and key in own
     uncertainty = CALIBRATED_ERROR if measured else UNCALIBRATED_ERROR
     return CalibrationNote(key or "the seeds' RTX PRO 6000 fit", measured, uncertainty,
                            borrowed=key is not None and not here)
