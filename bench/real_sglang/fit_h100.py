@@ -190,7 +190,9 @@ def _intervals(rec: dict[str, Any],
                run: dict[str, Any]) -> list[tuple[int, float, int, int, float]]:
     """(running, seconds, prefill batches, their new tokens, mean context) of each interval
     inside the run: a decode line's gen throughput is its 20 steps' tokens over the time
-    since the last decode line, prefills between them included."""
+    since the last decode line, prefills between them included. An interval that began
+    before the run (the run's first decode line, measured from the previous run's last: the
+    server sat idle between them, 14 tok/s at a batch of 152) is not the run's."""
     start = min(a["start"] for a in run["answers"])
     end = max(a["end"] for a in run["answers"])
     out, pending = [], []
@@ -203,6 +205,9 @@ def _intervals(rec: dict[str, Any],
             n = line["running_req"]
             if line["gen_throughput"] and n >= 8:
                 seconds = DECODE_LOG_INTERVAL * n / line["gen_throughput"]
+                if _epoch(line["timestamp"]) - seconds < start - 1:
+                    pending = []
+                    continue
                 out.append((n, seconds, len(pending), sum(pending),
                             line["full_num_tokens"] / n))
             pending = []

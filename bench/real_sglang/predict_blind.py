@@ -23,6 +23,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "bench" / "real_sglang" / "models"
+# device.sh launches every server with dummy weights, which route a batch's tokens to fewer
+# experts than trained ones: the record predicts the server that will run
+DEVICE_LOAD = ("--load-format", "dummy")
 
 
 def workload_args(run: dict[str, Any]) -> list[str]:
@@ -40,7 +43,8 @@ def predict(server: dict[str, Any], run: dict[str, Any], args: argparse.Namespac
     config = MODELS / server["model"] / "config.json"
     argv = [sys.executable, "-m", "expansion.cli", "plan", "--model", str(config), "--gpu",
             args.gpu, "--sglang-version", args.sglang_version, "--weights-gib",
-            str(args.weights_gib), *workload_args(run), "--json", *server["flags"]]
+            str(args.weights_gib), *workload_args(run), "--json", *server["flags"],
+            *DEVICE_LOAD]
     out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=True).stdout
     plan = json.loads(out)
     keep = ("mamba_strategy", "overlap_schedule", "mem_fraction_static", "mamba_slots",
