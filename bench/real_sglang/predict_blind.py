@@ -9,7 +9,7 @@ of the measured run then compares the planner of its day with the data, and thes
 show what was said blind.
 
   python bench/real_sglang/predict_blind.py bench/real_sglang/plans/blind_granite_a.json \
-      --weights-gib 59.98 --gpu h200 --sglang-version 0.5.17
+      --weights-gib 60.03 --gpu h200 --sglang-version 0.5.17
 """
 
 from __future__ import annotations
