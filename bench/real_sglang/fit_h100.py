@@ -57,6 +57,9 @@ PARTS = (("2026-12-06-h100-s24", "gtc"), ("2026-12-06-h100-s25", "gtd"),
 HELD_OUT = (("2026-12-06-h100-s26", "gtg"),)
 H100 = gpu_profile("h100")
 TINY = model_profile(str(MODELS / "granite-4.0-h-tiny"), 12.93)  # bf16 bytes of the shapes
+# what every Granite-Tiny log says the load took ("Load weight end ... mem usage=13.05 GB"): the
+# pools are sized after it; a step reads the shapes' bytes
+TINY_LOADED = replace(TINY, weights_gib=13.05)
 ENTRY = f"{H100.name}/{TINY.family}-moe"  # the key calibration_key looks up
 MIN_LINES = 5
 FULL_CHUNK = 8192  # the H100's chunked prefill size on this build: full chunks only
@@ -130,7 +133,7 @@ def _flags(argv: tuple[str, ...]) -> ServerFlags:
 
 @cache
 def _plan(argv: tuple[str, ...]) -> MemoryPlan:
-    return plan_memory(TINY, H100, _flags(argv), V0517)
+    return plan_memory(TINY_LOADED, H100, _flags(argv), V0517)
 
 
 def predicted_step(level: Level, cal: StepCalibration) -> float:

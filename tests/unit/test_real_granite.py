@@ -17,6 +17,7 @@ import io
 import json
 import sys
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "bench" / "real_sglang" / "data" / "2026-12-06-h100-s24"
 H100 = gpu_profile("h100")
 TINY = model_profile(str(MODELS / "granite-4.0-h-tiny"), 12.93)  # bf16 bytes of the shapes
+LOADED = replace(TINY, weights_gib=13.05)  # what its log says the load took: pools come after it
 
 
 def ran() -> dict[str, Any]:
@@ -68,17 +70,18 @@ def test_the_launcher_turns_the_overlap_schedule_off_for_an_explicit_no_buffer()
 
 def test_pools_on_a_class_no_fit_saw_are_within_one_percent() -> None:
     rec = ran()
-    plan = plan_memory(TINY, H100, server_flags(rec["flags"]), V0517)
+    plan = plan_memory(LOADED, H100, server_flags(rec["flags"]), V0517)
     assert (plan.mamba_strategy, plan.slot_ratio) == ("no_buffer", 3)
     assert plan.max_total_num_tokens == pytest.approx(rec["max_total_num_tokens"], rel=0.01)
     assert plan.mamba_slots == pytest.approx(rec["max_mamba_cache_size"], rel=0.01)
 
 
-@pytest.mark.xfail(strict=True, reason="open: the plan gives 913 mamba slots (cap 304) where "
-                   "the server allocated 908 (cap 302): 0.5 % of the state pool, not ±1 slot")
+@pytest.mark.xfail(strict=True, reason="open: the plan gives 909 mamba slots (cap 303) where "
+                   "the server allocated 908 (cap 302): within a slot, but a third of a "
+                   "request's 3 slots over the cap's boundary")
 def test_the_cap_is_exact() -> None:
     rec = ran()
-    plan = plan_memory(TINY, H100, server_flags(rec["flags"]), V0517)
+    plan = plan_memory(LOADED, H100, server_flags(rec["flags"]), V0517)
     assert plan.max_running_requests == rec["max_running_requests"]
 
 
