@@ -212,6 +212,7 @@ def bare_loop(url: str, n: int, concurrency: int, pool_size: int | None = None) 
 
 
 def dispatcher_loop(url: str, n: int, concurrency: int) -> tuple[float, float]:
+    from infra.prompt_row import PromptRow
     from tasks.dispatch import Dispatcher, DispatchOptions, Endpoint
 
     opts = DispatchOptions("m", None, {"max_new_tokens": 8, "temperature": 0.7, "top_p": 0.9,
@@ -220,7 +221,7 @@ def dispatcher_loop(url: str, n: int, concurrency: int) -> tuple[float, float]:
     async def commit(shard: int, rows: list[Any], errors: list[Any]) -> None:
         return None
 
-    shards = [(s, [{"id": f"{s}-{i}", "prompt": "x"} for i in range(100)])
+    shards = [(s, [PromptRow(f"{s}-{i}", prompt="x") for i in range(100)])
               for s in range(n // 100)]
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()

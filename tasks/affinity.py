@@ -37,54 +37,56 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from infra.prompt_row import PromptRow
+
 STEAL_SCAN = 64  # prompts at the end of a line searched for a leader to steal
 MIN_PRIMER_CHARS = 256  # a shared prefix shorter than this is not worth a request
 WARM_KEYS_KEPT = 65_536  # (server, key) pairs remembered as warm; older ones count as cold
 
 
 class Routable(Protocol):
-    row: dict[str, Any]
+    row: PromptRow
 
 
-def prefix_key(row: dict[str, Any], key_chars: int) -> str | None:
+def prefix_key(row: PromptRow, key_chars: int) -> str | None:
     """The group a prompt belongs to: its first `key_chars` characters (a token id counts as
     four), or None when it is shorter — or when affinity is off (key_chars 0)."""
     if key_chars <= 0:
         return None
-    if row.get("input_ids") is not None:
-        ids = list(row["input_ids"])
+    if row.input_ids is not None:
+        ids = list(row.input_ids)
         n = max(1, key_chars // 4)
         head = json.dumps(ids[:n]) if len(ids) >= n else None
-    elif row.get("messages") is not None:
-        text = "".join(str(m.get("content") or "") for m in row["messages"][:-1]
-                       ) or str(row["messages"][-1].get("content") or "")
+    elif row.messages is not None:
+        text = "".join(str(m.get("content") or "") for m in row.messages[:-1]
+                       ) or str(row.messages[-1].get("content") or "")
         head = text[:key_chars] if len(text) >= key_chars else None
     else:
-        text = str(row.get("prompt") or "")
+        text = str(row.prompt or "")
         head = text[:key_chars] if len(text) >= key_chars else None
     return None if head is None else hashlib.blake2b(head.encode(), digest_size=8).hexdigest()
 
 
-def shared_prefix_row(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
+def shared_prefix_row(a: PromptRow, b: PromptRow) -> PromptRow | None:
     """A primer for the group of `a` and `b`: the prefix they share, cut where both prompts
     have a token boundary, as an input row — or None (chat rows: the template decides the
     tokens; or too short). Token ids are cut exactly. Text is cut before a space that follows
     a letter or digit: BPE pre-tokenizers (and SentencePiece's ▁) start a token there, so the
     primer's tokens are the first tokens of both prompts; a cut elsewhere (before "\n\n"
     after a full stop, say) can fall inside a token and the primer would match nothing."""
-    if a.get("input_ids") is not None and b.get("input_ids") is not None:
-        ids_a = list(a["input_ids"])
-        n = common_length(ids_a, list(b["input_ids"]))
-        return {"input_ids": ids_a[:n]} if 4 * n >= MIN_PRIMER_CHARS else None
-    if a.get("messages") is not None or b.get("messages") is not None:
+    if a.input_ids is not None and b.input_ids is not None:
+        ids_a = list(a.input_ids)
+        n = common_length(ids_a, list(b.input_ids))
+        return PromptRow(None, input_ids=ids_a[:n]) if 4 * n >= MIN_PRIMER_CHARS else None
+    if a.messages is not None or b.messages is not None:
         return None
-    text_a, text_b = str(a.get("prompt") or ""), str(b.get("prompt") or "")
+    text_a, text_b = str(a.prompt or ""), str(b.prompt or "")
     cut = common_length(text_a, text_b)
     if cut == len(text_a) or cut == len(text_b):
         return None  # one prompt is the other's prefix: the shorter one primes by itself
     while cut > 0 and not (text_a[cut] == " " and text_a[cut - 1].isalnum()):
         cut -= 1
-    return {"prompt": text_a[:cut]} if cut >= MIN_PRIMER_CHARS else None
+    return PromptRow(None, prompt=text_a[:cut]) if cut >= MIN_PRIMER_CHARS else None
 
 
 def common_length(a: Any, b: Any) -> int:
@@ -99,7 +101,7 @@ class Primer:
     """A one-token request carrying a group's shared prefix (not a prompt of the job); it
     leads its group in `_leaders` as a leader prompt would."""
 
-    def __init__(self, row: dict[str, Any]) -> None:
+    def __init__(self, row: PromptRow) -> None:
         self.row = row
 
 

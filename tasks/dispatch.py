@@ -20,7 +20,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -30,9 +30,11 @@ from infra.output_row import Answer, ErrorRow
 from infra.sglang.client import auth_headers, tls_context
 from tasks.affinity import AffinityQueue, Primer
 from tasks.dispatch_records import (
+    CommitFn,
     DispatchStats,
     Endpoint,
     PermanentFailure,
+    Shards,
     ShardState,
     TransientFailure,
     WorkItem,
@@ -55,9 +57,6 @@ log = logging.getLogger("expansion.dispatch")
 
 DEAD_AFTER_CONNECT_FAILURES = 3
 POOL_CONNECTIONS = 16  # workers per httpx client; each worker holds at most one connection
-
-
-CommitFn = Callable[[int, list[dict[str, Any]], list[dict[str, Any]]], Awaitable[None]]
 
 
 class Dispatcher:
@@ -141,7 +140,7 @@ class Dispatcher:
         """Prompts to keep queued: twice what the live fleet takes at once."""
         return max(2 * sum(e.limit for e in self._live()), 64)
 
-    async def run(self, shards: Iterator[tuple[int, list[dict[str, Any]]]]) -> DispatchStats:
+    async def run(self, shards: Shards) -> DispatchStats:
         self.loop = asyncio.get_running_loop()
         async with contextlib.AsyncExitStack() as stack:
             self._stack = stack
@@ -219,7 +218,7 @@ class Dispatcher:
                 return
             await asyncio.sleep(0.02)
 
-    async def _feed(self, shards: Iterator[tuple[int, list[dict[str, Any]]]]) -> None:
+    async def _feed(self, shards: Shards) -> None:
         for shard_id, rows in shards:
             while self._queue.qsize() >= self._window() and not self.stop.is_set():
                 await asyncio.sleep(0.005)
@@ -385,7 +384,7 @@ class Dispatcher:
 
     async def _record_error(self, item: WorkItem, reason: str) -> None:
         shard = self._shards[item.shard]
-        shard.errors[item.index] = dict(ErrorRow(id=item.row["id"], sample_index=item.sample,
+        shard.errors[item.index] = dict(ErrorRow(id=item.row.id, sample_index=item.sample,
                                                  error=reason, attempts=item.attempts + 1))
         self.stats.errors += 1
         if shard.done:

@@ -6,8 +6,11 @@ Apart from tasks/dispatch.py so the dispatcher's module holds its behaviour, not
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from infra.prompt_row import PromptRow
 
 
 @dataclass(frozen=True)
@@ -20,11 +23,17 @@ class Endpoint:
     primes_prefixes: bool = False  # its cache cannot resume at branch points (no_buffer)
 
 
+# the work a dispatcher is handed: (shard, its rows), in shard order
+Shards = Iterator[tuple[int, list[PromptRow]]]
+# commits one shard: (shard, its output rows, its error rows)
+CommitFn = Callable[[int, list[dict[str, Any]], list[dict[str, Any]]], Awaitable[None]]
+
+
 @dataclass
 class WorkItem:
     shard: int
     index: int  # position in the shard: row × samples + sample
-    row: dict[str, Any]
+    row: PromptRow
     sample: int = 0
     attempts: int = 0
     last_error: str = ""

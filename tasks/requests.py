@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import httpx
 
 from infra.output_row import Answer, OutputRow
-from infra.prompts import SAMPLING_COLUMNS
+from infra.prompt_row import PromptRow
 
 
 class MalformedAnswer(Exception):
@@ -40,7 +40,7 @@ class DispatchOptions:
 
 
 class RequestShapes(Protocol):
-    def build(self, row: dict[str, Any], opts: DispatchOptions,
+    def build(self, row: PromptRow, opts: DispatchOptions,
               sample: int = 0) -> tuple[str, dict[str, Any]]: ...
 
     def parse(self, path: str, body: Any) -> Answer: ...
@@ -48,11 +48,11 @@ class RequestShapes(Protocol):
     def refusal(self, resp: httpx.Response) -> str: ...
 
 
-def unsendable(row: dict[str, Any], opts: DispatchOptions) -> str | None:
+def unsendable(row: PromptRow, opts: DispatchOptions) -> str | None:
     """Why a row must not reach the server, or None. Real SGLang 0.5.17's scheduler dies on a
     token id outside the vocabulary (the server is gone, and a retry on the next server kills
     that one too): such a row is an error of its own, named, and never sent."""
-    ids = row.get("input_ids")
+    ids = row.input_ids
     if ids is None or opts.vocab_size is None or not ids:
         return None
     if min(ids) >= 0 and max(ids) < opts.vocab_size:  # the hot path: C-level scans only
@@ -65,16 +65,13 @@ def unsendable(row: dict[str, Any], opts: DispatchOptions) -> str | None:
     return None
 
 
-def sampling_for(row: dict[str, Any], opts: DispatchOptions, sample: int) -> dict[str, Any]:
+def sampling_for(row: PromptRow, opts: DispatchOptions, sample: int) -> dict[str, Any]:
     """The sampling a row is sent with: job defaults, the row's own columns over them, and
     for sample k of n the seed + k (so samples differ, and each is reproducible)."""
-    sampling = dict(opts.sampling)
-    for key in SAMPLING_COLUMNS:
-        if row.get(key) is not None:
-            sampling[key] = row[key]
-    if row.get("stop") is not None:
-        sampling["stop"] = [row["stop"]] if isinstance(row["stop"], str) else list(row["stop"])
-    elif any(row.get(c) is not None for c in ("json_schema", "regex", "ebnf")):
+    sampling = {**opts.sampling, **row.sampling_overrides()}
+    if row.stop is not None:
+        sampling["stop"] = [row.stop] if isinstance(row.stop, str) else list(row.stop)
+    elif row.constrained:
         # The grammar decides where a constrained row ends: on real SGLang the job's "\n\n"
         # cut 338 of 400 JSON outputs mid-object (xgrammar allows whitespace inside JSON).
         sampling.pop("stop", None)
@@ -90,34 +87,37 @@ def _json_text(schema: Any) -> str:
     return schema if isinstance(schema, str) else json.dumps(schema)
 
 
-def build_request(row: dict[str, Any], opts: DispatchOptions,
+def build_request(row: PromptRow, opts: DispatchOptions,
                   sample: int = 0) -> tuple[str, dict[str, Any]]:
     """(path, JSON body) for one input row (and sample): chat rows go through the server's
     chat template, the rest to /generate; constraints ride along as SGLang names them."""
     sampling = sampling_for(row, opts, sample)
-    if row.get("messages") is not None:
+    if row.messages is not None:
         body: dict[str, Any] = {
-            "model": opts.model, "messages": row["messages"],
+            "model": opts.model, "messages": row.messages,
             "max_tokens": sampling["max_new_tokens"], "temperature": sampling["temperature"],
             "top_p": sampling["top_p"],
             **{k: sampling[k] for k in ("seed", "ignore_eos", "stop") if k in sampling}}
-        if row.get("json_schema") is not None:
-            schema = row["json_schema"]
-            body["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": "row", "schema": json.loads(schema) if isinstance(schema, str)
-                else schema}}
-        body.update({k: row[k] for k in ("regex", "ebnf") if row.get(k) is not None})
+        if row.json_schema is not None:
+            body["response_format"] = response_format(row.json_schema)
+        body.update(row.grammar())
         return "/v1/chat/completions", body
     native = ("max_new_tokens", "temperature", "top_p", "ignore_eos", "stop")
     params: dict[str, Any] = {k: sampling[k] for k in native if k in sampling}
     if sampling.get("seed") is not None:
         params["sampling_seed"] = sampling["seed"]
-    if row.get("json_schema") is not None:
-        params["json_schema"] = _json_text(row["json_schema"])
-    params.update({k: row[k] for k in ("regex", "ebnf") if row.get(k) is not None})
-    if row.get("input_ids") is not None:
-        return "/generate", {"input_ids": list(row["input_ids"]), "sampling_params": params}
-    return "/generate", {"text": row["prompt"], "sampling_params": params}
+    if row.json_schema is not None:
+        params["json_schema"] = _json_text(row.json_schema)
+    params.update(row.grammar())
+    if row.input_ids is not None:
+        return "/generate", {"input_ids": list(row.input_ids), "sampling_params": params}
+    return "/generate", {"text": row.prompt, "sampling_params": params}
+
+
+def response_format(schema: str | dict[str, Any]) -> dict[str, Any]:
+    """The OpenAI routes' form of a JSON-schema constraint."""
+    return {"type": "json_schema", "json_schema": {
+        "name": "row", "schema": json.loads(schema) if isinstance(schema, str) else schema}}
 
 
 def sent_sampling(body: dict[str, Any]) -> str:
@@ -176,11 +176,11 @@ class Delivery:
     latency_s: float
 
 
-def output_row(row: dict[str, Any], opts: DispatchOptions, answer: Answer,
+def output_row(row: PromptRow, opts: DispatchOptions, answer: Answer,
                delivery: Delivery) -> dict[str, Any]:
     """One output row: the user's columns as given (unless keep_input_columns is off), then
     the pipeline's (infra/output_row.py: OutputRow) — the answer and its provenance."""
-    given = row if opts.keep_input_columns else {"id": row["id"]}
+    given = row.columns if opts.keep_input_columns else {"id": row.id}
     made = OutputRow(sample_index=delivery.sample, **answer, server=delivery.server,
                      config=delivery.fingerprint, model=opts.model,
                      sglang_version=delivery.version,
@@ -194,7 +194,7 @@ class SGLangRequests:
     the dispatcher uses them; an engine whose server speaks otherwise brings its own
     (tasks/engines/base.py: `Engine.requests`)."""
 
-    def build(self, row: dict[str, Any], opts: DispatchOptions,
+    def build(self, row: PromptRow, opts: DispatchOptions,
               sample: int = 0) -> tuple[str, dict[str, Any]]:
         return build_request(row, opts, sample)
 

@@ -19,6 +19,7 @@ from prefect.cache_policies import NO_CACHE
 
 from infra.lease import LeaseLost, check_owned
 from infra.manifest import Manifest, ManifestEntry, ShardPlan, make_plan
+from infra.prompt_row import PromptRow
 from infra.prompts import iter_rows, open_input, out_of_vocabulary, validate_input
 from infra.settings import JobSettings
 from infra.sglang.profiles import model_profile
@@ -61,14 +62,14 @@ def prepare_job(prompts: Path, output: Path, shard_size: int) -> JobState:
 
 
 def iter_pending_shards(plan: ShardPlan, pending: list[int],
-                        ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+                        ) -> Iterator[tuple[int, list[PromptRow]]]:
     """Rows of each pending shard, reading the input once from the first pending shard."""
     if not pending:
         return
     wanted = set(pending)
     first = min(pending)
     start, _ = plan.rows_of(first)
-    current: list[dict[str, Any]] = []
+    current: list[PromptRow] = []
     shard = first
     rows = iter_rows(Path(plan.input_path), start, plan.input_rows, id_dtype=plan.id_dtype)
     for offset, row in enumerate(rows):
@@ -78,7 +79,7 @@ def iter_pending_shards(plan: ShardPlan, pending: list[int],
                 yield shard, current
             current, shard = [], row_shard
         if row_shard in wanted:
-            current.append(row)
+            current.append(PromptRow.from_columns(row))
     if shard in wanted:
         yield shard, current
 

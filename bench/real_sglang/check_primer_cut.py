@@ -18,6 +18,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from infra.prompt_row import PromptRow
 from tasks.affinity import common_length, shared_prefix_row
 
 WORDS = ("state cache request token batch decode prefill memory slot pool server shard plan "
@@ -37,9 +38,9 @@ def main() -> None:
     cut = raw = total = 0
     for g in range(int(sys.argv[2]) if len(sys.argv) > 2 else 200):
         prompts = group(g)
-        row = shared_prefix_row({"prompt": prompts[0]}, {"prompt": prompts[1]})
+        row = shared_prefix_row(PromptRow(0, prompt=prompts[0]), PromptRow(1, prompt=prompts[1]))
         assert row is not None
-        primer = ids(row["prompt"])
+        primer = ids(row.prompt or "")
         common = ids(prompts[0][:common_length(prompts[0], prompts[1])])
         for p in prompts:
             full = ids(p)

@@ -14,6 +14,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from infra.output_row import Answer
+from infra.prompt_row import PromptRow
 from infra.sglang.client import ServerAnswerError, get_metrics_text
 from infra.sglang.flags import ServerFlags
 from tasks.capacity import Capacity
@@ -25,6 +26,7 @@ from tasks.requests import (
     MalformedAnswer,
     build_request,
     error_message,
+    response_format,
     sampling_for,
 )
 from tasks.requests import parse_response as parse_sglang_response
@@ -94,25 +96,22 @@ class VLLMRequests:
     """Rows over vLLM's OpenAI routes: chat rows to /v1/chat/completions (the body SGLang's
     chat route takes too), the rest to /v1/completions with the text or the token ids."""
 
-    def build(self, row: dict[str, Any], opts: DispatchOptions,
+    def build(self, row: PromptRow, opts: DispatchOptions,
               sample: int = 0) -> tuple[str, dict[str, Any]]:
-        for column in ("regex", "ebnf"):
-            if row.get(column) is not None:
-                raise ValueError(f"{column}: engine=vllm does not send {column} constraints "
-                                 "yet; use json_schema, or engine=sglang")
-        if row.get("messages") is not None:
+        for column in row.grammar():
+            raise ValueError(f"{column}: engine=vllm does not send {column} constraints "
+                             "yet; use json_schema, or engine=sglang")
+        if row.messages is not None:
             return build_request(row, opts, sample)
         sampling = sampling_for(row, opts, sample)
         body: dict[str, Any] = {
             "model": opts.model,
-            "prompt": list(row["input_ids"]) if row.get("input_ids") is not None
-            else row["prompt"],
+            "prompt": list(row.input_ids) if row.input_ids is not None else row.prompt,
             "max_tokens": sampling["max_new_tokens"], "temperature": sampling["temperature"],
             "top_p": sampling["top_p"],
             **{k: sampling[k] for k in ("seed", "ignore_eos", "stop") if k in sampling}}
-        if row.get("json_schema") is not None:
-            body["response_format"] = build_request(
-                {**row, "messages": []}, opts, sample)[1]["response_format"]
+        if row.json_schema is not None:
+            body["response_format"] = response_format(row.json_schema)
         return "/v1/completions", body
 
     def parse(self, path: str, body: Any) -> Answer:

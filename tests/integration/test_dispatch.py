@@ -7,6 +7,7 @@ import os
 import signal
 from typing import Any
 
+from infra.prompt_row import PromptRow
 from tasks.dispatch import Dispatcher, DispatchOptions, Endpoint
 from tasks.requests import build_request
 
@@ -17,13 +18,13 @@ OPTS = DispatchOptions(model="m", api_key=None,
 
 
 def shards(n_shards: int, size: int,
-           long_ids: frozenset[str] | set[str] = frozenset()) -> list[tuple[int, list]]:
+           long_ids: frozenset[str] | set[str] = frozenset()) -> list[tuple[int, list[PromptRow]]]:
     out = []
     for s in range(n_shards):
-        rows = []
+        rows: list[PromptRow] = []
         for i in range(size):
             rid = f"s{s}-{i}"
-            rows.append({"id": rid, "prompt": ("word " * 500) if rid in long_ids else f"q {rid}"})
+            rows.append(PromptRow(rid, prompt=("word " * 500) if rid in long_ids else f"q {rid}"))
         out.append((s, rows))
     return out
 
@@ -75,8 +76,9 @@ def test_a_server_killed_mid_run_loses_nothing(sim_fleet) -> None:
 
 
 def test_per_row_sampling_overrides_defaults() -> None:
-    path, body = build_request({"id": "a", "prompt": "x", "max_new_tokens": 5}, OPTS)
+    path, body = build_request(PromptRow("a", prompt="x", max_new_tokens=5), OPTS)
     assert path == "/generate" and body["sampling_params"]["max_new_tokens"] == 5
     assert body["sampling_params"]["sampling_seed"] == 1
-    path, body = build_request({"id": "a", "messages": [{"role": "user", "content": "x"}]}, OPTS)
+    path, body = build_request(
+        PromptRow("a", messages=[{"role": "user", "content": "x"}]), OPTS)
     assert path == "/v1/chat/completions" and body["max_tokens"] == 16

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.prompt_row import PromptRow
 from tasks.dispatch import Dispatcher, DispatchOptions, Endpoint
 from tasks.health import ServerStartFailed, wait_until_healthy
 from tasks.run_ends import FleetDown
@@ -28,7 +29,7 @@ def run(endpoints: list[Endpoint], n: int, options: DispatchOptions) -> dict[int
         assert shard not in committed
         committed[shard] = (rows, errors)
 
-    work = [(s, [{"id": f"{s}-{i}", "prompt": f"p {s} {i}"} for i in range(10)])
+    work = [(s, [PromptRow(f"{s}-{i}", prompt=f"p {s} {i}") for i in range(10)])
             for s in range(n)]
     asyncio.run(Dispatcher(endpoints, options, commit).run(iter(work)))
     return committed
@@ -60,7 +61,7 @@ def test_a_fleet_that_dies_is_a_clear_error_and_loses_no_commit(sim_fleet) -> No
     async def commit(shard: int, rows: list, errors: list) -> None:
         committed[shard] = (rows, errors)
 
-    work = [(s, [{"id": f"{s}-{i}", "prompt": "p"} for i in range(10)]) for s in range(5)]
+    work = [(s, [PromptRow(f"{s}-{i}", prompt="p") for i in range(10)]) for s in range(5)]
     with pytest.raises(FleetDown, match="stopped answering"):
         asyncio.run(Dispatcher(eps, opts(), commit).run(iter(work)))
     assert 1 <= len(committed) <= 3

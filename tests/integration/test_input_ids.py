@@ -16,6 +16,7 @@ import httpx
 import polars as pl
 import pytest
 
+from infra.prompt_row import PromptRow
 from tasks.dispatch import DispatchOptions
 from tasks.requests import build_request, parse_response
 
@@ -31,7 +32,7 @@ def opts(**sampling: object) -> DispatchOptions:
 
 
 def test_input_ids_row_becomes_a_native_request() -> None:
-    path, body = build_request({"id": "a", "input_ids": [5, 6, 7]}, opts(ignore_eos=True))
+    path, body = build_request(PromptRow("a", input_ids=[5, 6, 7]), opts(ignore_eos=True))
     assert path == "/generate"
     assert body == {"input_ids": [5, 6, 7], "sampling_params": {
         "max_new_tokens": 8, "temperature": 0.0, "top_p": 1.0, "ignore_eos": True}}
@@ -85,12 +86,12 @@ def test_a_row_outside_the_vocabulary_is_an_error_and_never_sent() -> None:
     from tasks.requests import unsendable
 
     checked = replace(opts(), vocab_size=248320)
-    assert unsendable({"id": "a", "input_ids": [0, 248319]}, checked) is None
-    why = unsendable({"id": "a", "input_ids": [5, 248320, 7]}, checked)
+    assert unsendable(PromptRow("a", input_ids=[0, 248319]), checked) is None
+    why = unsendable(PromptRow("a", input_ids=[5, 248320, 7]), checked)
     assert why is not None and why.startswith("input_ids[1]: token id 248320 is outside")
     assert "0..248319" in why
-    assert unsendable({"id": "a", "input_ids": [-1]}, checked) is not None
-    assert unsendable({"id": "a", "input_ids": [248320]}, opts()) is None  # vocab unknown
+    assert unsendable(PromptRow("a", input_ids=[-1]), checked) is not None
+    assert unsendable(PromptRow("a", input_ids=[248320]), opts()) is None  # vocab unknown
 
 
 @pytest.mark.slow

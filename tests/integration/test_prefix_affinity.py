@@ -11,6 +11,7 @@ import random
 from collections import Counter
 from typing import Any
 
+from infra.prompt_row import PromptRow
 from tasks.dispatch import Dispatcher, DispatchOptions, Endpoint
 
 OPTS = DispatchOptions(model="m", api_key=None,
@@ -20,15 +21,16 @@ OPTS = DispatchOptions(model="m", api_key=None,
 WORDS = "state cache token batch decode prefill memory slot pool server shard plan".split()
 
 
-def grouped(groups: int, per_group: int, salt: int) -> list[tuple[int, list[dict[str, Any]]]]:
+def grouped(groups: int, per_group: int, salt: int) -> list[tuple[int, list[PromptRow]]]:
     """`salt` gives each run its own documents: the servers' caches outlive a run."""
     rows = []
     for g in range(groups):
         rng = random.Random(f"{salt}-{g}")
         doc = " ".join(rng.choice(WORDS) for _ in range(400))  # ~2,700 characters
-        rows += [{"id": g * per_group + k, "group": g,
-                  "prompt": f"Document {g}: {doc}\n\nQuestion {k}: what does it say?"}
-                 for k in range(per_group)]
+        rows += [PromptRow.from_columns({
+            "id": g * per_group + k, "group": g,
+            "prompt": f"Document {g}: {doc}\n\nQuestion {k}: what does it say?"})
+            for k in range(per_group)]
     return [(s, rows[s * 40:(s + 1) * 40]) for s in range(len(rows) // 40)]
 
 

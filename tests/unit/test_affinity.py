@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
 
+from infra.prompt_row import PromptRow
 from tasks.affinity import AffinityQueue, owner, prefix_key
 
 PREFIX = "You are grading answers about state caches. " * 40  # 1,800 characters
@@ -13,11 +13,11 @@ PREFIX = "You are grading answers about state caches. " * 40  # 1,800 characters
 
 @dataclass(eq=False)
 class Item:
-    row: dict[str, Any] = field(default_factory=dict)
+    row: PromptRow = field(default_factory=lambda: PromptRow(None, prompt=""))
 
 
 def group(prefix: str, n: int) -> list[Item]:
-    return [Item({"prompt": f"{prefix}Question {k}?"}) for k in range(n)]
+    return [Item(PromptRow(k, prompt=f"{prefix}Question {k}?")) for k in range(n)]
 
 
 def queued_group(n: int, leader_wait_s: float) -> tuple[AffinityQueue, list[Item], str, str]:
@@ -33,14 +33,14 @@ def queued_group(n: int, leader_wait_s: float) -> tuple[AffinityQueue, list[Item
 def test_the_key_is_the_head_of_the_prompt_and_short_prompts_have_none() -> None:
     a, b = group(PREFIX, 2)
     assert prefix_key(a.row, 1024) == prefix_key(b.row, 1024)
-    assert prefix_key({"prompt": "short"}, 1024) is None
+    assert prefix_key(PromptRow(1, prompt="short"), 1024) is None
     assert prefix_key(a.row, 0) is None  # affinity off
-    ids = {"input_ids": list(range(400))}
-    assert prefix_key(ids, 1024) == prefix_key({"input_ids": [*range(256), 7, 7]}, 1024)
-    assert prefix_key({"input_ids": list(range(100))}, 1024) is None
-    chat = {"messages": [{"role": "system", "content": PREFIX},
-                         {"role": "user", "content": "hi"}]}
-    assert prefix_key(chat, 1024) == prefix_key({"prompt": PREFIX}, 1024)
+    ids = PromptRow(1, input_ids=list(range(400)))
+    assert prefix_key(ids, 1024) == prefix_key(PromptRow(2, input_ids=[*range(256), 7, 7]), 1024)
+    assert prefix_key(PromptRow(1, input_ids=list(range(100))), 1024) is None
+    chat = PromptRow(1, messages=[{"role": "system", "content": PREFIX},
+                                  {"role": "user", "content": "hi"}])
+    assert prefix_key(chat, 1024) == prefix_key(PromptRow(2, prompt=PREFIX), 1024)
 
 
 def test_rendezvous_owner_moves_only_the_keys_of_a_server_that_left() -> None:
@@ -85,7 +85,7 @@ def test_an_idle_server_steals_and_a_slow_leader_does_not_stall_its_group() -> N
 def test_prompts_without_a_long_prefix_share_one_line_and_a_restart_cools_keys() -> None:
     async def scenario() -> None:
         queue = AffinityQueue(1024, lambda: ["s0"], leader_wait_s=60)
-        plain = [Item({"prompt": f"q{i}"}) for i in range(3)]
+        plain = [Item(PromptRow(i, prompt=f"q{i}")) for i in range(3)]
         for item in plain:
             queue.put(item)
         assert [await queue.get("s0") for _ in range(3)] == plain

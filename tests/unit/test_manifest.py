@@ -82,7 +82,7 @@ def test_torn_manifest_line_is_cut_and_shard_redone(tmp_path: Path) -> None:
 def test_pending_shards_stream_in_order_skipping_committed(tmp_path: Path) -> None:
     prompts = write_prompts(tmp_path / "a.jsonl", 7)
     plan = make_plan(validate_input(prompts), 3)
-    got = [(s, [r["id"] for r in rows]) for s, rows in iter_pending_shards(plan, [0, 2])]
+    got = [(s, [r.id for r in rows]) for s, rows in iter_pending_shards(plan, [0, 2])]
     assert got == [(0, ["p0", "p1", "p2"]), (2, ["p6"])]
 
 

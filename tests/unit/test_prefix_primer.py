@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from infra.prompt_row import PromptRow
 from tasks.affinity import (
     MIN_PRIMER_CHARS,
     AffinityQueue,
@@ -17,32 +18,41 @@ from tasks.affinity import (
 from tests.unit.test_affinity import PREFIX, Item, group
 
 
+def text(prompt: str) -> PromptRow:
+    return PromptRow(1, prompt=prompt)
+
+
+def tokens(ids: list[int]) -> PromptRow:
+    return PromptRow(1, input_ids=ids)
+
+
 def test_text_is_cut_before_a_space_that_follows_a_word() -> None:
-    a = {"prompt": PREFIX + "Question one: why?"}
-    b = {"prompt": PREFIX + "Question two: why?"}
+    a = text(PREFIX + "Question one: why?")
+    b = text(PREFIX + "Question two: why?")
     row = shared_prefix_row(a, b)
-    assert row == {"prompt": PREFIX + "Question"}  # not "Question " nor a piece of "t"
-    assert a["prompt"].startswith(row["prompt"]) and b["prompt"].startswith(row["prompt"])
+    assert row == PromptRow(None, prompt=PREFIX + "Question")  # not "Question " nor "t"
+    assert row.prompt and a.prompt and b.prompt
+    assert a.prompt.startswith(row.prompt) and b.prompt.startswith(row.prompt)
 
 
 def test_a_cut_never_falls_after_punctuation_or_inside_a_word() -> None:
     doc = "word " * 100
     # ".\n\n" is one pre-token: a primer ending in "end." would not be a prefix of the tokens
-    row = shared_prefix_row({"prompt": doc + "end.\n\nQ1"}, {"prompt": doc + "end.\n\nQ2"})
-    assert row == {"prompt": doc.rstrip()}
-    assert shared_prefix_row({"prompt": doc + "alpha"}, {"prompt": doc + "alps"}) == {
-        "prompt": doc.rstrip()}
+    row = shared_prefix_row(text(doc + "end.\n\nQ1"), text(doc + "end.\n\nQ2"))
+    assert row == PromptRow(None, prompt=doc.rstrip())
+    assert shared_prefix_row(text(doc + "alpha"), text(doc + "alps")) == PromptRow(
+        None, prompt=doc.rstrip())
 
 
 def test_token_ids_are_cut_exactly_and_chat_rows_are_not_primed() -> None:
     ids = list(range(300))
-    assert shared_prefix_row({"input_ids": [*ids, 1]}, {"input_ids": [*ids, 2]}) == {
-        "input_ids": ids}
-    assert shared_prefix_row({"input_ids": [1, 2, 3]}, {"input_ids": [1, 2, 4]}) is None
-    chat = {"messages": [{"role": "user", "content": PREFIX}]}
+    assert shared_prefix_row(tokens([*ids, 1]), tokens([*ids, 2])) == PromptRow(
+        None, input_ids=ids)
+    assert shared_prefix_row(tokens([1, 2, 3]), tokens([1, 2, 4])) is None
+    chat = PromptRow(1, messages=[{"role": "user", "content": PREFIX}])
     assert shared_prefix_row(chat, chat) is None
     short = "x " * (MIN_PRIMER_CHARS // 4)
-    assert shared_prefix_row({"prompt": short + "a b"}, {"prompt": short + "c d"}) is None
+    assert shared_prefix_row(text(short + "a b"), text(short + "c d")) is None
 
 
 def primed_queue(primes: bool) -> tuple[AffinityQueue, list[Item], str]:
@@ -59,7 +69,7 @@ def test_the_primer_leads_and_the_whole_group_follows_it() -> None:
         queue, items, home = primed_queue(primes=True)
         primer = await queue.get(home)
         assert isinstance(primer, Primer) and queue.primed == 1
-        assert primer.row == {"prompt": PREFIX + "Question"}
+        assert primer.row == PromptRow(None, prompt=PREFIX + "Question")
         assert queue.qsize() == 4  # every prompt still waits: the leader too
         assert await asyncio.wait_for(_nothing_for(queue, home), 1) is None
         queue.done(primer)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import polars as pl
 
+from infra.prompt_row import PromptRow
 from tasks.requests import DispatchOptions, build_request
 
 DATA = (Path(__file__).resolve().parents[2] / "bench" / "real_sglang" / "data"
@@ -53,7 +54,8 @@ def _sent_params(row: dict[str, object], sample: int) -> dict[str, object]:
                                           "temperature": job["temperature"],
                                           "top_p": job["top_p"], "stop": ["\n\n"],
                                           "seed": 0}, 60.0, 1, 0.0, samples=2)
-    source = {"id": row["id"], "prompt": "p", "json_schema": row["json_schema"]}
+    source = PromptRow.from_columns({"id": row["id"], "prompt": "p",
+                                     "json_schema": row["json_schema"]})
     _, body = build_request(source, opts, sample)
     params: dict[str, object] = body["sampling_params"]
     return params

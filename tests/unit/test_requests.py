@@ -4,8 +4,10 @@ k of n — and an answer becomes an output row with the user's columns and its p
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from infra.output_row import Answer
+from infra.prompt_row import PromptRow
 from tasks.requests import Delivery, DispatchOptions, build_request, output_row, sampling_for
 
 OPTS = DispatchOptions("m", None, {"max_new_tokens": 32, "temperature": 0.0, "top_p": 1.0,
@@ -13,9 +15,14 @@ OPTS = DispatchOptions("m", None, {"max_new_tokens": 32, "temperature": 0.0, "to
                        30.0, 3, 0.01, samples=2)
 
 
+def cols(**given: Any) -> PromptRow:
+    """A row as the reader gives it: every column, the user's own included."""
+    return PromptRow.from_columns(given)
+
+
 def test_native_request_carries_stop_schema_regex_and_the_samples_seed() -> None:
-    row = {"id": 5, "prompt": "p", "json_schema": {"type": "object"}, "regex": None,
-           "stop": "###", "topic": "x"}
+    row = cols(id=5, prompt="p", json_schema={"type": "object"}, regex=None, stop="###",
+               topic="x")
     path, body = build_request(row, OPTS, sample=1)
     assert path == "/generate" and body["text"] == "p"
     params = body["sampling_params"]
@@ -26,8 +33,8 @@ def test_native_request_carries_stop_schema_regex_and_the_samples_seed() -> None
 
 
 def test_chat_request_uses_response_format_for_a_schema() -> None:
-    row = {"id": "a", "messages": [{"role": "user", "content": "x"}],
-           "json_schema": json.dumps({"type": "object"}), "regex": "[a-z]+"}
+    row = cols(id="a", messages=[{"role": "user", "content": "x"}],
+               json_schema=json.dumps({"type": "object"}), regex="[a-z]+")
     path, body = build_request(row, OPTS)
     assert path == "/v1/chat/completions"
     assert body["response_format"]["json_schema"]["schema"] == {"type": "object"}
@@ -37,13 +44,12 @@ def test_chat_request_uses_response_format_for_a_schema() -> None:
 def test_per_row_sampling_overrides_and_no_seed_stays_none() -> None:
     opts = DispatchOptions("m", None, {"max_new_tokens": 8, "temperature": 0.7, "top_p": 0.9,
                                        "seed": None}, 30.0, 3, 0.01, samples=3)
-    assert "seed" not in sampling_for({"id": 1, "prompt": "p"}, opts, 2)
-    assert sampling_for({"id": 1, "prompt": "p", "max_new_tokens": 3}, opts, 0)[
-        "max_new_tokens"] == 3
+    assert "seed" not in sampling_for(cols(id=1, prompt="p"), opts, 2)
+    assert sampling_for(cols(id=1, prompt="p", max_new_tokens=3), opts, 0)["max_new_tokens"] == 3
 
 
 def test_output_row_keeps_or_drops_the_users_columns() -> None:
-    row = {"id": 5, "prompt": "p", "topic": "x"}
+    row = cols(id=5, prompt="p", topic="x")
     answer = Answer(completion="c", finish_reason="stop", prompt_tokens=1,
                     completion_tokens=1, cached_tokens=0)
     _, body = build_request(row, OPTS)
@@ -59,9 +65,9 @@ def test_output_row_keeps_or_drops_the_users_columns() -> None:
 
 def test_the_jobs_stop_strings_leave_constrained_rows_alone() -> None:
     """Real SGLang + xgrammar: the job's "\\n\\n" cut 338 of 400 JSON outputs mid-object."""
-    constrained = sampling_for({"id": 1, "prompt": "p", "json_schema": "{}"}, OPTS, 0)
+    constrained = sampling_for(cols(id=1, prompt="p", json_schema="{}"), OPTS, 0)
     assert "stop" not in constrained
-    own = sampling_for({"id": 1, "prompt": "p", "regex": "a+", "stop": ["!"]}, OPTS, 0)
+    own = sampling_for(cols(id=1, prompt="p", regex="a+", stop=["!"]), OPTS, 0)
     assert own["stop"] == ["!"]  # a row's own stop still applies
 
 
@@ -86,7 +92,7 @@ def test_a_shard_gets_the_declared_types_and_refuses_a_row_without_its_columns()
     from infra.output_row import GENERATED, parquet_bytes
 
     row = {"id": "a", "topic": 3, **output_row(
-        {"id": "a", "prompt": "p"}, OPTS,
+        PromptRow.from_columns({"id": "a", "prompt": "p"}), OPTS,
         Answer(completion=None, finish_reason="length", prompt_tokens=2, completion_tokens=4,
                cached_tokens=0), Delivery(0, {"text": "p"}, "server-0", "cfg", None, 0.1)),
            "output_ids": [1, 2, 3, 4]}

@@ -3,12 +3,13 @@ server, and a prompt implicated in two deaths is quarantined."""
 
 from __future__ import annotations
 
+from infra.prompt_row import PromptRow
 from tasks.dispatch_records import WorkItem
 from tasks.suspects import SuspectLane, quarantined
 
 
 def item(*killed: str) -> WorkItem:
-    return WorkItem(0, 0, {"id": "r1", "prompt": "p"}, killed=list(killed))
+    return WorkItem(0, 0, PromptRow.from_columns({"id": "r1", "prompt": "p"}), killed=list(killed))
 
 
 def test_a_suspect_runs_only_where_no_other_suspect_runs() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.prompt_row import PromptRow
 from infra.settings import load_settings
 from infra.sglang.flags import ServerFlags
 from tasks.engines import build_engine
@@ -86,13 +87,13 @@ def _opts() -> DispatchOptions:
 
 def test_rows_go_to_the_openai_completions_route_and_answers_come_back() -> None:
     shapes = VLLMRequests()
-    path, body = shapes.build({"prompt": "hi"}, _opts())
+    path, body = shapes.build(PromptRow.from_columns({"prompt": "hi"}), _opts())
     assert (path, body["prompt"], body["max_tokens"]) == ("/v1/completions", "hi", 32)
-    path, body = shapes.build({"input_ids": [1, 2, 3]}, _opts())
+    path, body = shapes.build(PromptRow.from_columns({"input_ids": [1, 2, 3]}), _opts())
     assert body["prompt"] == [1, 2, 3]
     answer = shapes.parse("/v1/completions", {
         "choices": [{"text": "hello", "finish_reason": "length"}],
         "usage": {"prompt_tokens": 3, "completion_tokens": 32}})
     assert (answer["completion"], answer["completion_tokens"]) == ("hello", 32)
     with pytest.raises(ValueError, match="regex: engine=vllm does not send regex"):
-        shapes.build({"prompt": "hi", "regex": "a+"}, _opts())
+        shapes.build(PromptRow.from_columns({"prompt": "hi", "regex": "a+"}), _opts())
