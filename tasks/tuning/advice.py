@@ -50,7 +50,7 @@ def advice_handler(state: TunerState,
 
     def handle(diag: Diagnosis, proposal: Proposal) -> bool:
         record = advice_record(state.engine, diag, proposal)
-        state.advice.append(record)
+        state.advised(record)
         state.logger.warning("advice (engine=external: these servers are not restarted by "
                              "this job): relaunch them with %s — %s", record["launch_flags"],
                              proposal.reason)

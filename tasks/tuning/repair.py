@@ -23,6 +23,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
 from tasks.fleet_control import DispatchEnded
 from tasks.health import ServerStartFailed, StartAborted, log_tail
 from tasks.rolling import RollingFleet
@@ -50,7 +53,7 @@ def asymmetry_handler(state: TunerState, fleet: RollingFleet, epoch: int,
                                  "itself (check nvidia-smi and that server's log); left as "
                                  "it is", name)
         for name, tok_s, median in todo:
-            state.restarted_alone.add(name)
+            state.restarted_alone_once(name)
             restart_alone(SlowServer(name, tok_s, median), state, fleet, epoch)
         if not todo:
             return False
@@ -74,8 +77,10 @@ class SlowServer:
         return int(self.name.rsplit("-", 1)[1])
 
 
+@task(name="restart_slow_server", task_run_name="restart {slow.name}", cache_policy=NO_CACHE)
 def restart_alone(slow: SlowServer, state: TunerState, fleet: RollingFleet,
                   epoch: int) -> None:
+    """A task run of the flow's (called from the watch's thread, in the run's context)."""
     config = state.config
     why = (f"{slow.name} ran {slow.tok_s:,.0f} tok/s per GPU against a median of "
            f"{slow.median:,.0f}: restarted alone on the same config")
@@ -123,7 +128,7 @@ def relaunch_handler(state: TunerState, fleet: RollingFleet, epoch: int,
                                        "others go on (its log: %s)", name, MAX_RELAUNCHES,
                                        fleet.handle(index).log_path)
                 continue
-            state.relaunched[name] = state.relaunched.get(name, 0) + 1
+            state.relaunch_counted(name)
             relaunching.set()
             try:
                 relaunched |= relaunch(index, state, fleet, epoch)
@@ -138,8 +143,10 @@ def relaunch_handler(state: TunerState, fleet: RollingFleet, epoch: int,
     return handle
 
 
+@task(name="relaunch_server", task_run_name="relaunch server-{index}", cache_policy=NO_CACHE)
 def relaunch(index: int, state: TunerState, fleet: RollingFleet, epoch: int) -> bool:
-    """Start dead server `index` again with the fleet's config; True when it came back."""
+    """Start dead server `index` again with the fleet's config; True when it came back (a
+    task run of the flow's, called from the watch's thread)."""
     config = state.config
     handle = fleet.handle(index)
     why = f"server-{index}'s process is gone ({last_line(handle.log_path)})"

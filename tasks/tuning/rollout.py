@@ -12,6 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
 from tasks.fleet_config import FleetConfig
 from tasks.rolling import RollingFleet
 from tasks.tuning.canary import CanaryCycle, CanaryRun
@@ -51,10 +54,10 @@ def canary_handler(state: TunerState, fleet: RollingFleet, epoch: int,
         state.logger.warning("canary: %s on %d of %d servers — %s",
                              move.candidate.flags.fingerprint(),
                              tuning.canary_servers, len(fleet.config), proposal.reason)
-        cycle = CanaryRun(fleet, state.monitor, state.time_scale, state.logger, fleet.abort,
-                          rollout_pays(watch, diag, tuning.restart_payback)).run(
-            move.current, move.candidate, proposal.predicted_gain)
-        state.restarts += 1
+        cycle = canary(CanaryRun(fleet, state.monitor, state.time_scale, state.logger,
+                                 fleet.abort, rollout_pays(watch, diag, tuning.restart_payback)),
+                       move)
+        state.restart_counted()
         record_cycle(cycle, move, state)
         if cycle.outcome == "rolled_out":
             _rolled_out(move, state, fleet, watch)
@@ -65,13 +68,20 @@ def canary_handler(state: TunerState, fleet: RollingFleet, epoch: int,
     return handle
 
 
+@task(name="canary", task_run_name="canary epoch {move.epoch}: {move.diagnosis.kind}",
+      cache_policy=NO_CACHE)
+def canary(run: CanaryRun, move: Move) -> CanaryCycle:
+    """The cycle as a task run of the flow's (the watch's thread carries the run's context):
+    restart the canary servers onto the candidate, compare, roll out or back."""
+    return run.run(move.current, move.candidate, move.proposal.predicted_gain)
+
+
 def _rolled_out(move: Move, state: TunerState, fleet: RollingFleet,
                 watch: RegressionWatch) -> None:
     """The fleet now runs the candidate: judged afresh, and a rollback compares with the
     best *other* config (the canary's own figure read a wave of first completions: 1,829
     against a steady 1,545)."""
-    state.config = move.candidate
-    state.predicted_tok_s_per_gpu = move.proposal.predicted_tok_s_per_gpu
+    state.now_runs(move.candidate, move.proposal.predicted_tok_s_per_gpu)
     caps = state.capacities_changed(move.epoch, fleet.capacities())
     other = state.ledger.best(move.candidate.key)
     watch.reconfigured(caps, state.memory_plan(move.candidate),

@@ -1,8 +1,10 @@
 """What the tuner knows and has changed over a run, in one record with one owner
 (tasks/tuning/tuner.py): the configuration the fleet runs now, the hardware it reasons about,
 the tuning ledger, every cycle, the measured capacities, the advice written for servers it
-may not restart. The tuner and the handlers it gives the watch (rollout, repair, advice)
-change it; nothing outside tasks/tuning/ writes it (the flow reads it for the summary).
+may not restart. Its fields change through its own methods only, each one a thing that
+happened (a restart, a rollout, a relaunch): the tuner and the handlers it gives the watch
+(rollout, repair, advice) call them, from the flow's thread or the watch's, and the flow
+reads the record for the summary (tests/unit/test_tuner_state_writes.py holds this).
 """
 
 from __future__ import annotations
@@ -42,6 +44,46 @@ class TunerState:
     capacities: list[Capacity] = field(default_factory=list)  # the servers' own figures now
     caps_by_epoch: dict[int, dict[str, int]] = field(default_factory=dict)  # for the report
     advice: list[dict[str, Any]] = field(default_factory=list)  # engine=external
+
+    def resumed(self, restarts: int, predicted_tok_s_per_gpu: float | None) -> None:
+        """A resumed run: the moves its ledger holds, the figure its last config had."""
+        self.restarts = restarts
+        self.predicted_tok_s_per_gpu = predicted_tok_s_per_gpu
+
+    def hardware_known(self, hardware: Hardware | None) -> None:
+        """The servers reported their version: the hardware the policy reasons about."""
+        self.hardware = hardware
+
+    def restart_counted(self) -> int:
+        """A restart (a canary cycle or a whole-fleet one) spent; the count so far."""
+        self.restarts += 1
+        return self.restarts
+
+    def now_runs(self, config: FleetConfig, predicted_tok_s_per_gpu: float | None) -> None:
+        """The fleet runs `config` (a rollout, or the next epoch's restart)."""
+        self.config = config
+        self.predicted_tok_s_per_gpu = predicted_tok_s_per_gpu
+
+    def predicts(self, predicted_tok_s_per_gpu: float | None) -> None:
+        self.predicted_tok_s_per_gpu = predicted_tok_s_per_gpu
+
+    def mem_ceiling_lowered(self, ceiling: float) -> None:
+        """The highest mem fraction a config may ask for (lower after an out-of-memory
+        start; unchanged otherwise)."""
+        self.mem_ceiling = ceiling
+
+    def restarted_alone_once(self, server: str) -> None:
+        """A slow server restarted on its own (never twice: then it is the GPU)."""
+        self.restarted_alone.add(server)
+
+    def relaunch_counted(self, server: str) -> int:
+        """A dead server started again; its relaunches so far."""
+        self.relaunched[server] = self.relaunched.get(server, 0) + 1
+        return self.relaunched[server]
+
+    def advised(self, record: dict[str, Any]) -> None:
+        """A move written down for servers the job may not restart (engine=external)."""
+        self.advice.append(record)
 
     @property
     def time_scale(self) -> float:

@@ -103,9 +103,8 @@ class Tuner:
                   else _resume_on(ledger, self.resumed, logger))
         self.state = TunerState(settings, config, ledger, monitor, totals, logger, engine,
                                 engine.hardware(None))
-        self.state.restarts = ledger.moves()
-        if self.resumed is not None:
-            self.state.predicted_tok_s_per_gpu = self.resumed.predicted_tok_s_per_gpu
+        self.state.resumed(ledger.moves(), self.resumed.predicted_tok_s_per_gpu
+                           if self.resumed is not None else None)
 
     @property
     def engine(self) -> Engine:
@@ -156,7 +155,7 @@ class Tuner:
     def fleet_measured(self, epoch: int, capacities: list[Capacity]) -> MemoryPlan | None:
         """The servers' own capacities (and the SGLang version they report) are known: the
         hardware the policy reasons about, and the memory model's view of the flags."""
-        self.state.hardware = self.state.engine.hardware(capacities[0].version)
+        self.state.hardware_known(self.state.engine.hardware(capacities[0].version))
         self.state.capacities_changed(epoch, capacities)
         return self.state.memory_plan()
 
@@ -237,8 +236,9 @@ class Tuner:
                     else state.job.tuning.min_predicted_gain)
         report = EpochReport(epoch, state.config.flags, state.config.concurrency,
                              result, failure, state.predicted_tok_s_per_gpu)
-        decision, state.mem_ceiling = restart_on_regression(
+        decision, ceiling = restart_on_regression(
             report, str(state.ledger.path), self.search(min_gain), state.mem_ceiling)
+        state.mem_ceiling_lowered(ceiling)
         if start_failure is not None and decision is None:
             raise ServerStartFailed(f"servers failed to start and no earlier config worked: "
                                     f"{failure}", start_failure.handle, "")
@@ -248,8 +248,8 @@ class Tuner:
     def _restart_with(self, decision: NextConfig, report: EpochReport) -> None:
         """Record the cycle; the next epoch starts with the new configuration."""
         state, result = self.state, report.result
-        state.restarts += 1
-        state.predicted_tok_s_per_gpu = decision.predicted_tok_s_per_gpu
+        restarts = state.restart_counted()
+        state.predicts(decision.predicted_tok_s_per_gpu)
         state.record_cycle(Cycle(
             epoch=report.epoch,
             measured_tok_s_per_gpu=result.measured_tok_s_per_gpu if result else None,
@@ -260,12 +260,13 @@ class Tuner:
             new_concurrency=decision.concurrency,
             predicted_tok_s_per_gpu=decision.predicted_tok_s_per_gpu,
             triggered_at=result.triggered_at if result else None))
-        state.logger.warning("restart %d: %s", state.restarts, decision.reason)
+        state.logger.warning("restart %d: %s", restarts, decision.reason)
         state.ledger.record(LedgerEntry(
             report.epoch + 1, decision.flags.model_dump(mode="json"),
             config_key(decision.flags, decision.concurrency), decision.concurrency, "started",
             None, decision.predicted_tok_s_per_gpu, decision.reason[:500], time.time()))
-        state.config = FleetConfig(decision.flags, decision.concurrency)
+        state.now_runs(FleetConfig(decision.flags, decision.concurrency),
+                       decision.predicted_tok_s_per_gpu)
 
 
 def _resume_on(ledger: TuningLedger, entry: LedgerEntry, logger: Any) -> FleetConfig:

@@ -43,6 +43,20 @@ def run(tmp_path: Path, n_prompts: int, gpus: int, **overrides: Any) -> tuple[di
     return summary, out
 
 
+def task_runs_of(out: Path) -> list[tuple[str, str]]:
+    """(name, state) of the task runs of the generate run that wrote `out`, as the UI lists
+    them."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        (run_id,) = [r.id for r in client.read_flow_runs()
+                     if (r.parameters or {}).get("output") == str(out)]
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(
+            id=FlowRunFilterId(any_=[run_id])))
+    return sorted((r.name, r.state_name or "") for r in runs)
+
+
 @pytest.mark.slow
 def test_seed_000_finds_the_mamba_bottleneck_and_gains_2_4x(prefect_api: None,
                                                            tmp_path: Path) -> None:
@@ -87,6 +101,9 @@ def test_seed_000_finds_the_mamba_bottleneck_and_gains_2_4x(prefect_api: None,
     assert cycle["canary"]["server_restarts"] == 2
     logs = sorted(p.name for p in (out / "servers").glob("*.log"))
     assert "server-1-gpu1.canary.log" in logs and "server-0-gpu0.rollout.log" in logs
+    # the cycle is a step of the flow, not a callback inside generate_shards
+    canaries = [run for run in task_runs_of(out) if run[0].startswith("canary epoch")]
+    assert canaries and all(state == "Completed" for _, state in canaries), task_runs_of(out)
 
 
 @pytest.mark.slow
@@ -172,6 +189,7 @@ def test_a_slow_server_is_restarted_alone_and_the_rest_keep_generating(
     assert not any(name.startswith(("server-0-gpu0.", "server-1-gpu1.")) and
                    name.count(".") > 1 for name in logs), logs  # the others never restarted
     assert "restarted alone" in (out / "report.md").read_text()
+    assert ("restart server-2", "Completed") in task_runs_of(out)
     frame = Manifest(out).read_completions()
     late = frame.filter(frame["server"] == "server-2")
     assert late.height > 0
