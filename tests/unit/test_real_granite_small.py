@@ -75,3 +75,39 @@ def test_long_mixed_outputs_are_planned_within_15_percent() -> None:
     rec = ran()
     predicted = committed_tok_s(SMALL, H100, server_flags(rec["flags"]), V0517, LONG)
     assert predicted == pytest.approx(run_named("long-mixed")["committed_tok_s"], rel=0.15)
+
+
+MOVED = ROOT / "bench" / "real_sglang" / "data" / "2026-12-07-h100-s31" / "gsh.tar.gz"
+
+
+def moved_log() -> str:
+    """plans/blind_granite_small_h100_waves.json's first server (no_buffer, bf16 state, mem
+    fraction 0.93): it sized its pools and captured its graphs (129 s), but was not healthy
+    within the 300 s the device had left, so it carries pools and no rate."""
+    with tarfile.open(MOVED) as tar:
+        member = tar.extractfile("gsh/gs_nb_bf16_m093_h100.log")
+        assert member is not None
+        return member.read().decode()
+
+
+def test_the_moves_pools_were_predicted_blind_exactly() -> None:
+    """Cap 28 (nine times the default's 3), 84 slots and the KV pool within 0.1 %: the
+    record committed before the run said 28, 84 and 449,027 tokens."""
+    import re
+
+    text = moved_log()
+
+    def logged(pattern: str) -> int:
+        found = re.search(pattern, text)
+        assert found is not None, pattern
+        return int(found[1])
+
+    slots = logged(r"Mamba Cache is allocated\. max_mamba_cache_size: (\d+)")
+    tokens = logged(r"max_total_num_tokens=(\d+)")
+    cap = logged(r"max_running_requests=(\d+), context_len")
+    assert "not healthy after 300 s" in (MOVED.parent / "gsh.log").read_text()
+    flags = ["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule",
+             "--mamba-ssm-dtype", "bfloat16", "--mem-fraction-static", "0.93"]
+    plan = plan_memory(SMALL, H100, server_flags(flags), V0517)
+    assert (plan.max_running_requests, plan.mamba_slots) == (cap, slots) == (28, 84)
+    assert plan.max_total_num_tokens == pytest.approx(tokens, rel=0.01)
