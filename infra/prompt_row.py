@@ -50,7 +50,7 @@ class PromptRow:
         """The row a reader gives (column name → value)."""
         known = {name: columns.get(name) for name in
                  ("prompt", "messages", "input_ids", *SAMPLING_COLUMNS, *CONSTRAINT_COLUMNS)}
-        return cls(id=columns.get("id"), columns=dict(columns), **known)
+        return cls(id=columns.get("id"), columns=columns, **known)  # the reader's own dict
 
     @property
     def constrained(self) -> bool:
@@ -59,8 +59,7 @@ class PromptRow:
 
     def sampling_overrides(self) -> dict[str, Any]:
         """The row's own sampling columns that are set."""
-        given = {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
-                 "top_p": self.top_p, "seed": self.seed}
+        given = {name: getattr(self, name) for name in SAMPLING_COLUMNS}
         return {k: v for k, v in given.items() if v is not None}
 
     def grammar(self) -> dict[str, str]:

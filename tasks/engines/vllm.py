@@ -98,7 +98,8 @@ class VLLMRequests:
 
     def build(self, row: PromptRow, opts: DispatchOptions,
               sample: int = 0) -> tuple[str, dict[str, Any]]:
-        for column in row.grammar():
+        if row.grammar():
+            column = next(iter(row.grammar()))
             raise ValueError(f"{column}: engine=vllm does not send {column} constraints "
                              "yet; use json_schema, or engine=sglang")
         if row.messages is not None:
