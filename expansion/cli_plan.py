@@ -187,9 +187,9 @@ def inspect(
         counts[record["kind"]] = counts.get(record["kind"], 0) + 1
     console.print(f"{path}: {kind}, {len(records)} records "
                   f"({', '.join(f'{v} {k}' for k, v in sorted(counts.items())) or 'none'})")
-    caps = [r for r in records if r["kind"] in ("startup", "server_info")]
+    capacity_records = [r for r in records if r["kind"] in ("startup", "server_info")]
     merged: dict[str, Any] = {}
-    for r in caps:
+    for r in capacity_records:
         merged.update({k: v for k, v in r.items() if v is not None and k != "kind"})
     keys = ("max_total_num_tokens", "max_running_requests", "max_mamba_cache_size",
             "context_len", "version")

@@ -32,7 +32,8 @@ def run(
     gpus: Annotated[str | None, typer.Option(help="GPU indices, one server each: 0,1,...")]
     = None,
     model: Annotated[str | None, typer.Option(help="Model path or HF id.")] = None,
-    config: Annotated[Path | None, typer.Option(help="TOML settings file.")] = None,
+    config_file: Annotated[Path | None, typer.Option(
+        "--config", help="TOML settings file.")] = None,
     mem_fraction_static: Annotated[float | None, typer.Option(
         "--mem-fraction-static", help="SGLang --mem-fraction-static.")] = None,
     max_running_requests: Annotated[int | None, typer.Option(
@@ -82,18 +83,18 @@ def run(
     }
     # A named option wins over `--set` of the same field (both are on the command line).
     overrides.update({k: v for k, v in shortcuts.items() if v is not None})
-    config_file = str(config) if config else None
+    toml_path = str(config_file) if config_file else None
     from infra.settings import SettingsError, load_settings
 
     try:
-        settings = load_settings(config_file, **overrides)
+        settings = load_settings(toml_path, **overrides)
     except SettingsError as exc:
         fail(str(exc))
         return
     if dry_run:
         _print_launch_commands(settings)
         return
-    _run_now(settings, config_file, overrides)
+    _run_now(settings, toml_path, overrides)
 
 
 def _keep_secret_out_of_parameters(params: dict[str, Any]) -> None:

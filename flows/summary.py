@@ -76,12 +76,12 @@ def summary_lines(summary: RunSummary | dict[str, Any]) -> list[str]:
             f"{s.time_scale:g}× faster than the GPUs it models), so in modeled GPU time that "
             f"is {s.tok_s_modeled_gpu_time:,} tok/s — what the same fleet would do on the "
             "real hardware")
-    caps = sorted({srv.max_running_requests for srv in s.servers})
-    if caps:
+    distinct_caps = sorted({srv.max_running_requests for srv in s.servers})
+    if distinct_caps:
         client = (f"; the client keeps {s.client_concurrency} in flight per server "
                   "(client.concurrency_per_server)" if s.client_concurrency else "")
         lines.append(f"servers: {len(s.servers)}, concurrency cap "
-                     f"{'/'.join(map(str, caps))} each{client}")
+                     f"{'/'.join(map(str, distinct_caps))} each{client}")
     if s.capacity_note:
         lines.append(f"capacity: {s.capacity_note}")
     if s.prompt_tokens:

@@ -65,7 +65,7 @@ class ManifestEntry:
     path: str
     error_path: str | None
     output_tokens: int
-    plan: str
+    plan: str  # the shard plan's fingerprint (the on-disk field name manifests carry)
     committed_at: float
     prompt_tokens: int = 0  # what the shard's prompts held, and what the prefix cache reused
     cached_tokens: int = 0  # (manifests written before these fields read as 0)
@@ -96,21 +96,21 @@ class Manifest:
         self.errors_dir = root / "errors"
         self.servers_dir = root / "servers"
 
-    def init_plan(self, plan: ShardPlan) -> ShardPlan:
-        """Write the plan on the first run; on later runs require the same one."""
+    def init_plan(self, shard_plan: ShardPlan) -> ShardPlan:
+        """Write the shard plan on the first run; on later runs require the same one."""
         for folder in (self.root, self.shards_dir, self.errors_dir, self.servers_dir):
             folder.mkdir(parents=True, exist_ok=True)
         self._repair_manifest_tail()
         if self.plan_path.is_file():
             existing = ShardPlan(**json.loads(self.plan_path.read_text()))
-            if existing.fingerprint != plan.fingerprint:
+            if existing.fingerprint != shard_plan.fingerprint:
                 raise PlanMismatch(
                     f"output: {self.root} holds a run over other input ({existing.input_path}, "
                     f"{existing.input_rows} rows, shard_size {existing.shard_size}); use a new "
                     "--output folder or the same prompts and shard_size")
             return existing
-        atomic_write(self.plan_path, json.dumps(asdict(plan), indent=1).encode(), fsync=True)
-        return plan
+        atomic_write(self.plan_path, json.dumps(asdict(shard_plan), indent=1).encode(), fsync=True)
+        return shard_plan
 
     def _repair_manifest_tail(self) -> None:
         """Cut a torn last line (a crash mid-append) so the next append starts clean."""
@@ -147,7 +147,7 @@ class Manifest:
                     removed.append(path)
         return removed
 
-    def commit_shard(self, plan: ShardPlan, shard: int, rows: list[dict[str, Any]],
+    def commit_shard(self, shard_plan: ShardPlan, shard: int, rows: list[dict[str, Any]],
                      errors: list[dict[str, Any]]) -> ManifestEntry:
         """Write the shard (and its error rows) atomically, then append to the manifest."""
         import time
@@ -165,7 +165,7 @@ class Manifest:
             first_id=str(ids[0]) if ids else "", last_id=str(ids[-1]) if ids else "",
             sha256=file_sha256(path), path=f"shards/{name}", error_path=error_rel,
             output_tokens=sum(int(r.get("completion_tokens") or 0) for r in rows),
-            plan=plan.fingerprint, committed_at=time.time(),
+            plan=shard_plan.fingerprint, committed_at=time.time(),
             prompt_tokens=sum(int(r.get("prompt_tokens") or 0) for r in rows),
             cached_tokens=sum(int(r.get("cached_tokens") or 0) for r in rows),
         )

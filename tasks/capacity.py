@@ -51,13 +51,13 @@ def capacity_note(plan: MemoryPlan | None, capacities: list[Capacity]) -> str:
     """One or two sentences: what binds concurrency, and whether the servers agree."""
     if plan is None or not capacities:
         return ""
-    caps = sorted({c.max_running_requests for c in capacities})
-    note = (f"concurrency cap {'/'.join(map(str, caps))} per server; the memory model predicts "
-            f"{plan.max_running_requests}, bound by the {plan.binding_limit} pool")
+    distinct_caps = sorted({c.max_running_requests for c in capacities})
+    note = (f"concurrency cap {'/'.join(map(str, distinct_caps))} per server; the memory model "
+            f"predicts {plan.max_running_requests}, bound by the {plan.binding_limit} pool")
     if plan.binding_limit == "mamba":
         note += (f" ({plan.mamba_slots} mamba slots / {plan.slot_ratio} per request under "
                  f"{plan.mamba_strategy}; KV holds {plan.max_total_num_tokens} tokens) — see "
                  "`expansion plan` for the alternatives")
-    if len(caps) > 1:
+    if len(distinct_caps) > 1:
         note += "; servers differ: one GPU is not like the others"
     return note + "."

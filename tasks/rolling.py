@@ -47,7 +47,7 @@ class RollingFleet:
         self._handles = {h.index: h for h in handles}
         self.capacity_of: dict[int, Capacity] = {}
         self.job = settings  # the job's facts (drain timeout, servers per GPU, queue target)
-        self.config = {h.index: FleetConfig.of(settings) for h in handles}  # what each runs
+        self.config_of = {h.index: FleetConfig.of(settings) for h in handles}  # what each runs
         self.out = out
         self.epoch = epoch
         self.control = FleetControl()  # servers leave and join the running dispatch
@@ -81,7 +81,7 @@ class RollingFleet:
         otherwise the client limit changes in place); raises ServerStartFailed (the server is
         then down and out of dispatch: the caller restores a known config)."""
         started = time.monotonic()
-        if not force and config.flags == self.config[index].flags and index in self.capacity_of:
+        if not force and config.flags == self.config_of[index].flags and index in self.capacity_of:
             return self._relimit(index, config)
         with self.control.restarting():
             return self._restart(index, config, tag, started)
@@ -106,7 +106,7 @@ class RollingFleet:
         handle = engine.start_one(replace(spec, log_path=log), config.flags, self.out)
         with self._lock:  # from here the epoch's stop must find the new process
             self._handles[index] = handle
-            self.config[index] = config
+            self.config_of[index] = config
         startup = engine.wait_healthy([handle], abort=self.abort)
         cap = engine.capacity(handle)
         with self._lock:
@@ -123,7 +123,7 @@ class RollingFleet:
     def _relimit(self, index: int, config: FleetConfig) -> Replaced:
         """Same server flags, other client concurrency: no restart, new workers."""
         with self._lock:
-            self.config[index] = config
+            self.config_of[index] = config
             cap = self.capacity_of[index]
         endpoint = self._endpoint(config, cap)
         self.control.join(endpoint)

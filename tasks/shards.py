@@ -53,27 +53,28 @@ def prepare_job(prompts: Path, output: Path, shard_size: int) -> JobState:
     """Validate input (before any GPU time), fix or check the plan, clean strays."""
     summary = validate_input(prompts)
     manifest = Manifest(output)
-    plan = manifest.init_plan(make_plan(summary, shard_size))
+    shard_plan = manifest.init_plan(make_plan(summary, shard_size))
     removed = manifest.remove_strays()
     committed = manifest.committed()
-    pending = [s for s in range(plan.num_shards) if s not in committed]
+    pending = [s for s in range(shard_plan.num_shards) if s not in committed]
     rows = sum(e.rows + e.errors for e in committed.values())
-    return JobState(str(output), plan, pending, rows, len(removed), summary.kind)
+    return JobState(str(output), shard_plan, pending, rows, len(removed), summary.kind)
 
 
-def iter_pending_shards(plan: ShardPlan, pending: list[int],
+def iter_pending_shards(shard_plan: ShardPlan, pending: list[int],
                         ) -> Iterator[tuple[int, list[PromptRow]]]:
     """Rows of each pending shard, reading the input once from the first pending shard."""
     if not pending:
         return
     wanted = set(pending)
     first = min(pending)
-    start, _ = plan.rows_of(first)
+    start, _ = shard_plan.rows_of(first)
     current: list[PromptRow] = []
     shard = first
-    rows = iter_rows(Path(plan.input_path), start, plan.input_rows, id_dtype=plan.id_dtype)
+    rows = iter_rows(Path(shard_plan.input_path), start, shard_plan.input_rows,
+                     id_dtype=shard_plan.id_dtype)
     for offset, row in enumerate(rows):
-        row_shard = (start + offset) // plan.shard_size
+        row_shard = (start + offset) // shard_plan.shard_size
         if row_shard != shard:
             if shard in wanted:
                 yield shard, current

@@ -327,10 +327,10 @@ def _caps(model: ModelProfile, ver: SGLangVersion, pools: _Pools, requested: int
         request_cap = estimated
         token_cap = tokens // 2
     mamba_cap = slots // rho if model.hybrid else None
-    caps: list[tuple[int, BindingLimit]] = [(request_cap, "requested"), (token_cap, "kv")]
+    bounds: list[tuple[int, BindingLimit]] = [(request_cap, "requested"), (token_cap, "kv")]
     if mamba_cap is not None:
-        caps.append((mamba_cap, "mamba"))
-    running, binding = min(caps, key=lambda c: (c[0], c[1] != "requested"))
+        bounds.append((mamba_cap, "mamba"))
+    running, binding = min(bounds, key=lambda c: (c[0], c[1] != "requested"))
     if running <= 0:
         raise PoolsDoNotFit(
             f"max_running_requests resolves to {running} ({binding} pool too small); "

@@ -184,7 +184,7 @@ class CanaryRun:
     def run(self, current: FleetConfig, candidate: FleetConfig,
             predicted_gain: float | None) -> CanaryCycle:
         tuning = self.fleet.job.tuning
-        order = sorted(self.fleet.config)
+        order = sorted(self.fleet.config_of)
         canary = order[-tuning.canary_servers:]
         now = self.monitor.now()
         cycle = CanaryCycle(candidate.flags.fingerprint(), [f"server-{i}" for i in canary],
@@ -225,14 +225,14 @@ class CanaryRun:
                 cycle.note = (f"{verdict.reason}; the work left does not pay for restarting "
                               "the others: they keep the current config to the job's end")
                 return
-            rest = [i for i in sorted(self.fleet.config) if i not in canary]
+            rest = [i for i in sorted(self.fleet.config_of) if i not in canary]
             if self._move(cycle, rest, candidate, "rollout"):
                 cycle.outcome = "rolled_out"
                 return
             # A server would not start with it (another process on that GPU?): a fleet
             # half in one config and half in another is no state to leave a job in.
-            moved = [i for i in sorted(self.fleet.config)
-                     if self.fleet.config[i].flags != current.flags]
+            moved = [i for i in sorted(self.fleet.config_of)
+                     if self.fleet.config_of[i].flags != current.flags]
             self._move(cycle, moved, current, "restored")
             cycle.outcome = "start_failed"
         else:
@@ -277,7 +277,7 @@ class CanaryRun:
         """What each server may be given at once as it runs now (the canary's its new cap)."""
         caps = {f"server-{c.index}": c.max_running_requests for c in self.fleet.capacities()}
         return feedable(caps, {f"server-{i}": config.concurrency
-                               for i, config in self.fleet.config.items()})
+                               for i, config in self.fleet.config_of.items()})
 
     def _wait_or_end(self, seconds: float) -> None:
         self.abort.wait(seconds)

@@ -48,12 +48,12 @@ def canary_handler(state: TunerState, fleet: RollingFleet, epoch: int,
 
     def handle(diag: Diagnosis, proposal: Proposal) -> bool:
         tuning = state.job.tuning
-        if not canary_possible(tuning.canary_servers, len(fleet.config)):
+        if not canary_possible(tuning.canary_servers, len(fleet.config_of)):
             return False  # a whole-fleet restart, as before
         move = Move(state.config, proposal.config, diag, proposal, epoch)
         state.logger.warning("canary: %s on %d of %d servers — %s",
                              move.candidate.flags.fingerprint(),
-                             tuning.canary_servers, len(fleet.config), proposal.reason)
+                             tuning.canary_servers, len(fleet.config_of), proposal.reason)
         cycle = canary(CanaryRun(fleet, state.monitor, state.time_scale, state.logger,
                                  fleet.abort, rollout_pays(watch, diag, tuning.restart_payback)),
                        move)

@@ -131,7 +131,7 @@ class _Clocked(CanaryRun):
         caps = [Capacity(i, "", None, 32, 1, None, None, "") for i in (0, 1)]
         job = JobSettings.model_validate({"tuning": {"window_s": 4.0, "canary_min_gain": 1.2}})
         fleet = type("Fleet", (), {"capacities": lambda self: caps, "job": job,
-                                   "config": dict.fromkeys((0, 1), FleetConfig.of(job))})()
+                                   "config_of": dict.fromkeys((0, 1), FleetConfig.of(job))})()
         super().__init__(fleet, monitor, 1.0, _Log(), threading.Event())
         self.feed_until = feed_until
 

@@ -122,15 +122,15 @@ class RecordedFleet:
 
     def __init__(self, settings: JobSettings) -> None:
         self.job = settings
-        self.config = dict.fromkeys((0, 1), FleetConfig.of(settings))
+        self.config_of = dict.fromkeys((0, 1), FleetConfig.of(settings))
         self.restarted: list[tuple[int, str]] = []
 
     def capacities(self) -> list[Capacity]:
-        return [Capacity(i, "", None, 16, 1, None, None, "") for i in sorted(self.config)]
+        return [Capacity(i, "", None, 16, 1, None, None, "") for i in sorted(self.config_of)]
 
     def replace(self, index: int, config: FleetConfig, tag: str) -> Replaced:
         self.restarted.append((index, tag))
-        self.config[index] = config
+        self.config_of[index] = config
         cap = Capacity(index, "", None, 16, 1, None, None, "")
         return Replaced(index, cap, 0.0, 0.0, 0)
 
