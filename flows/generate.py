@@ -274,8 +274,8 @@ def _run_epochs(state: JobState, ctx: JobContext, tuner: Tuner,
 
 def _input_lengths(sampling: SamplingSettings, state: JobState) -> InputLengths:
     """The lengths the rows fix, for the tuner's first predictions (infra/input_lengths.py)."""
-    plan = state.shard_plan
-    return sample_lengths(Path(plan.input_path), plan.input_rows, plan.id_dtype,
+    shard_plan = state.shard_plan
+    return sample_lengths(Path(shard_plan.input_path), shard_plan.input_rows, shard_plan.id_dtype,
                           sampling.max_new_tokens, sampling.ignore_eos)
 
 
