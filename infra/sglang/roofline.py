@@ -295,7 +295,7 @@ def build_roofline(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
     if plan.mamba_strategy == "extra_buffer" or plan.mamba_strategy == "extra_buffer_lazy":
         state += cal.extra_buffer_tracking_slots * (conv + ssm)
     draft = plan.draft_tokens
-    accept = (accept_len or model.mtp_accept_len) if draft else 1.0
+    accept = (accept_len or _prior_accept_len(model, flags)) if draft else 1.0
     accept = min(accept, float(draft)) if draft else 1.0
     tp = flags.tp_size
     routed = model.moe.routed_params * 2.0 / tp if model.moe else 0.0
@@ -330,11 +330,25 @@ def mla_flops_per_token(model: ModelProfile) -> float:
     return 4.0 * model.num_kv_heads * model.mla_kv_dim * model.num_full_layers
 
 
+def dummy_weights(flags: ServerFlags) -> bool:
+    """Whether the server loads random weights (`--load-format dummy`)."""
+    args = flags.extra_args
+    return any(a == "--load-format=dummy" or (a == "--load-format" and i + 1 < len(args)
+                                             and args[i + 1] == "dummy")
+               for i, a in enumerate(args))
+
+
+def _prior_accept_len(model: ModelProfile, flags: ServerFlags) -> float:
+    """Tokens an MTP step writes before any is measured: the model's typical figure, or 1
+    under random weights — a random draft head's guesses are rejected, so each step pays
+    for the drafts and keeps only the bonus token (real 0.5.17, the 27B's EAGLE 3/1 with
+    dummy weights: accept length ≈ 1, `../shared/real-sglang/README.md`)."""
+    return 1.0 if dummy_weights(flags) else model.mtp_accept_len
+
+
 def routed_spread(model: ModelProfile, flags: ServerFlags, cal: StepCalibration) -> float:
     """1.0 for real weights; under `--load-format dummy` the spread measured for the
     architecture (1.0 where none was)."""
-    args = flags.extra_args
-    dummy = any(a == "--load-format=dummy" or (a == "--load-format" and i + 1 < len(args)
-                                              and args[i + 1] == "dummy")
-                for i, a in enumerate(args))
-    return dict(cal.dummy_routed_spread).get(model.architecture, 1.0) if dummy else 1.0
+    if not dummy_weights(flags):
+        return 1.0
+    return dict(cal.dummy_routed_spread).get(model.architecture, 1.0)

@@ -19,6 +19,7 @@ from infra.sglang.versions import SGLangVersion
 from tasks.fleet_config import FleetConfig
 from tasks.tuning.diagnosis import Diagnosis
 from tasks.tuning.ledger import config_key
+from tasks.tuning.lever_space import lever_moves
 from tasks.tuning.trust import ModelTrust, measured_trust
 
 DECODE_RATE = Demand()  # no workload known: the decode rate at 2,048 tokens of context
@@ -240,8 +241,9 @@ def _scored_candidates(flags: ServerFlags, current: MemoryPlan | None,
     """Every allowed move with the rate the mean answer predicts (the prefix reuse it loses
     charged), capped where the KV pool would not hold the answers' tail."""
     hw = search.hardware
-    options = candidate_flags(hw.model, flags, current) + _combined_moves(
-        hw.model, flags, current, search.mem_ceiling)
+    options = (candidate_flags(hw.model, flags, current)
+               + _combined_moves(hw.model, flags, current, search.mem_ceiling)
+               + lever_moves(hw.model, flags, current, search.mem_ceiling))
     if search.pinned:
         options = [(f"{label} (pools kept)", keep_memory(c, flags)) for label, c in options]
     screen = search.demand.without_tail()
