@@ -21,6 +21,8 @@ from infra.sim.predict import Workload, committed_tok_s
 from infra.sim.text import count_prompt_tokens
 from tasks.tuning.policy import fit_to_kv
 
+MTP = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3,
+       "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}
 RETRACTED = re.compile(r"Retract requests\. #retracted_reqs: (\d+)")
 
 
@@ -40,20 +42,23 @@ def true_rate(sc: dict[str, Any], flags: dict[str, Any]) -> float:
 def committed_sweep(sc: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     """The best committed rate over the levers the tuner moves (strategy × mem fraction ×
     mamba share — ×1.5, ×2, ×3, ×4, ×6, the shares the policy proposes — × the request cap
-    lifted to 256 as its combined moves do (a build whose default cap is below what the pools
-    hold: seed-004's B200 read 48 of 69), each also with the cap its KV pool holds for the
-    workload's lengths)."""
+    lifted to 256 as its lever space does (a build whose default cap is below what the pools
+    hold: seed-004's B200 read 48 of 69) × MTP (EAGLE 3/1) where the model has draft layers:
+    with a reasoning model's tail it beats every mamba move alone; each also with the cap its
+    KV pool holds for the workload's lengths)."""
     model = model_profile(sc["model"], sc.get("weights_gib"))
     gpu, version = gpu_profile(sc["gpu"]), parse_version(sc["version"])
     demand = Demand(workload=workload(sc))
     best: tuple[float, dict[str, Any]] = (0.0, {})
     base = ServerFlags(**sc["server"])
     scored: set[tuple[Any, ...]] = set()  # flag sets whose pools come out the same score alike
-    for strategy, mem, ratio, mrr, fit in itertools.product(
+    drafts = [{}, MTP] if model.draft_layers else [{}]
+    for strategy, mem, ratio, mrr, mtp, fit in itertools.product(
             ["extra_buffer", "no_buffer"], [None, 0.9, 0.95], [None, 1.35, 1.8, 2.7, 3.6, 5.4],
-            [base.max_running_requests, 256], [False, True]):
+            [base.max_running_requests, 256], drafts, [False, True]):
         flags = base.with_changes(mamba_strategy=strategy, mem_fraction_static=mem,
-                                  mamba_full_memory_ratio=ratio, max_running_requests=mrr)
+                                  mamba_full_memory_ratio=ratio, max_running_requests=mrr,
+                                  **mtp)
         try:
             plan = plan_memory(model, gpu, flags, version)
             if fit:  # the cap the tuner would propose it with (policy.fit_to_kv)
@@ -64,31 +69,12 @@ def committed_sweep(sc: dict[str, Any]) -> tuple[float, dict[str, Any]]:
             continue
         pools = plan_memory(model, gpu, flags, version)
         same = (pools.mamba_strategy, pools.max_running_requests, pools.max_total_num_tokens,
-                pools.mamba_slots)
+                pools.mamba_slots, pools.draft_tokens)
         if same in scored:
             continue
         scored.add(same)
         record = flags.model_dump(exclude_none=True, exclude={"extra_args"})
         tok = true_rate(sc, record)
-        if tok > best[0]:
-            best = (tok, record)
-    return _with_mtp(sc, base, best)
-
-
-def _with_mtp(sc: dict[str, Any], base: ServerFlags,
-              best: tuple[float, dict[str, Any]]) -> tuple[float, dict[str, Any]]:
-    """The tuner's MTP lever (EAGLE 3/1, planner.candidate_flags) on the start and on the
-    best configuration: with a reasoning model's tail it can beat every mamba move (the start
-    plus MTP: 2,667 against 2,565 on long-mixed), and a sweep without it would score a tuner
-    that found it above 1."""
-    mtp = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3,
-           "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}
-    for flags in (base, ServerFlags(**best[1])):
-        record = flags.with_changes(**mtp).model_dump(exclude_none=True, exclude={"extra_args"})
-        try:
-            tok = true_rate(sc, record)
-        except PoolsDoNotFit:
-            continue
         if tok > best[0]:
             best = (tok, record)
     return best

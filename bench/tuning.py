@@ -20,9 +20,10 @@ not the decode rate, and its line adds `retractions` (the fleet's, from the serv
 a configuration that commits more than the one kept, a rollout of one that commits less).
 With answers this long the last ledger reading covers the job's tail, so `ratio_to_best` and
 `prediction_error` are judged against those steady rates too (bench/long_mixed.py), and the
-line keeps the measured `final_tok_s` beside `final_true_tok_s`. 6,400 prompts (3,200 until
-session 14): the tuner scores moves with the answers' tail once 100 have come back (~30 s a
-proposal), and a second move (MTP) must still pay back over the work left.
+line keeps the measured `final_tok_s` beside `final_true_tok_s`. 6,400 prompts at time scale
+20, the restart's cost held in modeled time (`restart_overrides`): the tuner scores its whole
+lever space with the answers' tail once 100 have come back (about a second a proposal,
+bench/proposal_time.py), and one move must pay back over the work left.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     },
     "long-mixed": {  # a reasoning model's training-data job (#26): long answers, spread wide
         "model": str(ROOT / "tests" / "fixtures" / "models" / "qwen3.6-27b-text"),
-        "weights_gib": 50.16, "gpu": "h200", "version": "0.5.17", "time_scale": 10.0,
+        "weights_gib": 50.16, "gpu": "h200", "version": "0.5.17", "time_scale": 20.0,
         "max_new_tokens": 32768, "prompts": 6400, "gpus": 2, "concurrency": None,
         "server": {"mamba_strategy": "extra_buffer"}, "prompt_bytes": 2048,
         "output_mean": 2000, "output_p99": 16000, "modeled_restart": True,
