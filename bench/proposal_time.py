@@ -48,6 +48,7 @@ def one(case: str) -> dict[str, object]:
     from tasks.tuning.policy import Search, propose
 
     model, weights, start, (prompt, mean, p99) = CASES[case]
+    assert isinstance(start, dict)
     hw = Hardware(model_profile(model, weights), gpu_profile("h200"), parse_version("0.5.17"))
     search = Search(hw, demand=Demand(workload=Workload(prompt, mean, p99)), min_gain=1.0)
     began = time.perf_counter()
@@ -55,7 +56,9 @@ def one(case: str) -> dict[str, object]:
     wall = time.perf_counter() - began
     reason = proposal.reason if proposal else ""
     scored = reason.rsplit("best of ", 1)[-1].split(" moves", 1)[0] if proposal else "0"
+    replayed = reason.rsplit("scored, ", 1)[-1].split(" replayed", 1)[0] if proposal else "0"
     return {"case": case, "wall_s": round(wall, 3), "scored": int(scored),
+            "replayed": int(replayed) if replayed.isdigit() else None,
             "pick": reason.split(" — ", 1)[0]}
 
 

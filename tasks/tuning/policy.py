@@ -12,7 +12,7 @@ from infra.sglang.flags import ServerFlags, scaled_ratio
 from infra.sglang.hardware import Hardware
 from infra.sglang.launch import UnsupportedFlags, check_flags
 from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, covering_graphs
-from infra.sglang.planner import MAX_MEM_FRACTION, Demand, candidate_flags
+from infra.sglang.planner import MAX_MEM_FRACTION, Demand, candidate_flags, predict_tok_s
 from infra.sglang.profiles import ModelProfile
 from infra.sglang.roofline import build_roofline
 from infra.sglang.versions import SGLangVersion
@@ -208,7 +208,7 @@ def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
     if running:  # a diagnosis with no server windows has shown the model nothing
         search = replace(search, trust=measured_trust(running, diagnosis.tok_s_per_gpu,
                                                       baseline))
-    pool = _scored_candidates(flags, current, search)
+    pool, considered = _scored_candidates(flags, current, search)
     best = _ranked_with_tail(pool, demand, search)
     if best is None or best[0] < search.min_gain * baseline:
         return None
@@ -217,7 +217,8 @@ def propose(diagnosis: Diagnosis, flags: ServerFlags, concurrency: int | None,
     return Proposal(chosen, None, tok_s,
                     f"{diagnosis.kind}: {label} — predicted {tok_s:,.0f} tok/s per GPU "
                     f"({gain:.2f}× the model's figure for the current config; "
-                    f"{demand.describe()}; best of {len(pool)} moves scored)",
+                    f"{demand.describe()}; best of {considered} moves scored, "
+                    f"{len(pool)} replayed)",
                     gain if math.isfinite(gain) else None)
 
 
@@ -237,7 +238,7 @@ def _allowed(candidate: ServerFlags, flags: ServerFlags, search: Search) -> bool
 
 
 def _scored_candidates(flags: ServerFlags, current: MemoryPlan | None,
-                       search: Search) -> list[Scored]:
+                       search: Search) -> tuple[list[Scored], int]:
     """Every allowed move with the rate the mean answer predicts (the prefix reuse it loses
     charged), capped where the KV pool would not hold the answers' tail."""
     hw = search.hardware
@@ -247,7 +248,8 @@ def _scored_candidates(flags: ServerFlags, current: MemoryPlan | None,
     if search.pinned:
         options = [(f"{label} (pools kept)", keep_memory(c, flags)) for label, c in options]
     screen = search.demand.without_tail()
-    fitted = _fitted(options, flags, search)
+    every = _fitted(options, flags, search)
+    fitted = _prescreened(every, search)
     screen.prefetch(hw.model, hw.gpu, [c for _, c, _ in fitted], hw.version)
     pool: list[Scored] = []
     for label, candidate, plan in fitted:
@@ -269,7 +271,7 @@ def _scored_candidates(flags: ServerFlags, current: MemoryPlan | None,
             tok_s *= trust.discount
             label += f" ({trust.label(plan.max_running_requests)})"
         pool.append((tok_s, raw, label, candidate, plan))
-    return pool
+    return pool, len(every)
 
 
 def _fitted(options: list[tuple[str, ServerFlags]], flags: ServerFlags,
@@ -291,6 +293,26 @@ def _fitted(options: list[tuple[str, ServerFlags]], flags: ServerFlags,
             seen.add(key)
             out.append((label, candidate, plan))
     return out
+
+
+PRESCREEN = 24  # candidates replayed at the mean answer, of those the decode rate ranks best
+
+
+def _prescreened(fitted: list[tuple[str, ServerFlags, MemoryPlan]],
+                 search: Search) -> list[tuple[str, ServerFlags, MemoryPlan]]:
+    """The PRESCREEN candidates whose closed-form decode rate (the step model at the cap, at
+    the workload's mean context) is best: a replay per candidate for the whole lever space
+    cost a 2-core box's tuning e2e tests a quarter of a core at every check, and the moves
+    the replay then ranks top are among these (the decode rate misses prefill, waves and
+    retractions, which move a ranking by tens of percent, not from the bottom to the top)."""
+    workload = search.demand.workload
+    if workload is None or len(fitted) <= PRESCREEN:
+        return fitted
+    hw = search.hardware
+    context = workload.prompt_tokens + workload.output_tokens / 2
+    rate = {id(plan): predict_tok_s(hw.model, hw.gpu, candidate, plan, context)
+            for _, candidate, plan in fitted}
+    return sorted(fitted, key=lambda f: rate[id(f[2])], reverse=True)[:PRESCREEN]
 
 
 def accepted_by(flags: ServerFlags, version: SGLangVersion, hybrid: bool) -> bool:
