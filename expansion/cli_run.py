@@ -233,7 +233,7 @@ def _manifest_progress(output: Path) -> Iterator[None]:
         t0, tokens0 = time.monotonic(), None
         while not done.wait(0.5):
             try:
-                plan = manifest.load_plan()
+                shard_plan = manifest.load_plan()
                 committed = manifest.committed()
             except (FileNotFoundError, ValueError, TypeError):
                 continue
@@ -241,7 +241,7 @@ def _manifest_progress(output: Path) -> Iterator[None]:
             tokens0 = tokens if tokens0 is None else tokens0
             rate = (tokens - tokens0) / max(time.monotonic() - t0, 1e-9)
             if task_id is None:
-                task_id = progress.add_task("shards", total=plan.num_shards)
+                task_id = progress.add_task("shards", total=shard_plan.num_shards)
             progress.update(task_id, completed=len(committed),
                             description=f"shards · {rate:,.0f} tok/s")
 
@@ -321,7 +321,7 @@ def status(output: Annotated[Path, typer.Argument(help="An output folder.")]) ->
 
     manifest = Manifest(output)
     try:
-        plan = manifest.load_plan()
+        shard_plan = manifest.load_plan()
     except FileNotFoundError as exc:
         fail(str(exc))
         return
@@ -329,8 +329,9 @@ def status(output: Annotated[Path, typer.Argument(help="An output folder.")]) ->
     rows = sum(e.rows for e in committed.values())
     errors = sum(e.errors for e in committed.values())
     tokens = sum(e.output_tokens for e in committed.values())
-    console.print(f"plan {plan.fingerprint}: {len(committed)}/{plan.num_shards} shards "
-                  f"committed; {rows} completions, {errors} errors, of {plan.input_rows} "
+    console.print(f"plan {shard_plan.fingerprint}: {len(committed)}/{shard_plan.num_shards} "
+                  f"shards committed; {rows} completions, {errors} errors, of "
+                  f"{shard_plan.input_rows} "
                   f"prompts; {tokens} output tokens")
     _print_owner(output)
     _print_crashes(output)

@@ -146,13 +146,13 @@ def _spread(settings: JobSettings, spread: Spread) -> dict[str, Any]:
     dest = open_destination(settings.upload_target() or str(root),
                             settings.storage.endpoint_url, settings.storage.region,
                             settings.storage.multipart_mb)
-    plan = Manifest(root).init_plan(make_plan(validate_input(settings.prompts),
-                                            settings.shard_size))
+    shard_plan = Manifest(root).init_plan(make_plan(validate_input(settings.prompts),
+                                                  settings.shard_size))
     dest.put_bytes((root / "plan.json").read_bytes(), "plan.json")
     committed = {e.shard for e in merge_manifests(dest)}
-    pending = [s for s in range(plan.num_shards) if s not in committed]
-    logger.info("plan %s: %d shards, %d pending, %d nodes", plan.fingerprint, plan.num_shards,
-                len(pending), nodes)
+    pending = [s for s in range(shard_plan.num_shards) if s not in committed]
+    logger.info("plan %s: %d shards, %d pending, %d nodes", shard_plan.fingerprint,
+                shard_plan.num_shards, len(pending), nodes)
     rounds: list[dict[str, Any]] = []
     base_port = settings.base_port
     for round_no in range(max_rounds):
@@ -175,7 +175,7 @@ def _spread(settings: JobSettings, spread: Spread) -> dict[str, Any]:
         states = _wait_all(watches, poll_s, dest, node_stall_timeout_s, logger)
         why = {w.node: f" ({w.message.splitlines()[0]})" if w.message else "" for w in watches}
         committed = {e.shard for e in merge_manifests(dest)}
-        pending = [s for s in range(plan.num_shards) if s not in committed]
+        pending = [s for s in range(shard_plan.num_shards) if s not in committed]
         lost = {node: states[str(rid)] for node, rid, _ in runs
                 if states[str(rid)] != "COMPLETED"}
         rounds.append({"round": round_no, "states": {n: states[str(r)] for n, r, _ in runs},

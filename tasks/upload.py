@@ -101,9 +101,9 @@ def restore_from(dest: Destination, output: Path) -> int:
     new machine. Returns the number of shards restored; 0 when the remote has nothing."""
     if (output / "plan.json").exists():
         return 0
-    plan = dest.get_bytes("plan.json")
+    plan_bytes = dest.get_bytes("plan.json")
     entries = dest.get_bytes("manifest.jsonl")
-    if plan is None or entries is None:
+    if plan_bytes is None or entries is None:
         return 0
     output.mkdir(parents=True, exist_ok=True)
     (output / "manifest.jsonl").write_bytes(entries)
@@ -121,7 +121,7 @@ def restore_from(dest: Destination, output: Path) -> int:
         if file_sha256(output / entry.path) != entry.sha256:
             raise StorageError(f"{dest.label}/{entry.path}: checksum differs from the manifest")
         restored += 1
-    (output / "plan.json").write_bytes(plan)  # last: a half-restored folder has no plan
+    (output / "plan.json").write_bytes(plan_bytes)  # last: a half-restored folder has no plan
     return restored
 
 
@@ -156,9 +156,9 @@ class ShardUploader:
 
     def _start(self) -> None:
         """The plan first (a restore needs it), then what the bucket already lists."""
-        plan = self.output / "plan.json"
-        if plan.is_file() and self.dest.sha256_of("plan.json") != file_sha256(plan):
-            self.dest.put(plan, "plan.json", file_sha256(plan))
+        plan_file = self.output / "plan.json"
+        if plan_file.is_file() and self.dest.sha256_of("plan.json") != file_sha256(plan_file):
+            self.dest.put(plan_file, "plan.json", file_sha256(plan_file))
         remote = self.dest.get_bytes(self.manifest_key) or b""
         self._published = {e.shard: e for e in parse_jsonl(remote.splitlines(), ManifestEntry)}
 

@@ -45,8 +45,9 @@ def _combinations(model: ModelProfile, flags: ServerFlags, plan: MemoryPlan | No
     current_mem = flags.mem_fraction_static or (plan.mem_fraction_static if plan else None)
     mems = sorted({m for m in (current_mem, *MEM_FRACTIONS, mem_ceiling)
                    if m is not None and m <= mem_ceiling})
-    caps = [flags.max_running_requests, LIFTED_CAP]
-    for mem, cap, mtp in itertools.product(mems, dict.fromkeys(caps), _mtp_choices(model, flags)):
+    request_caps = [flags.max_running_requests, LIFTED_CAP]
+    for mem, cap, mtp in itertools.product(mems, dict.fromkeys(request_caps),
+                                           _mtp_choices(model, flags)):
         base: dict[str, object] = {"mem_fraction_static": mem, "max_running_requests": cap,
                                    **mtp}
         if not model.hybrid:
