@@ -17,8 +17,12 @@ import itertools
 from collections.abc import Iterator
 
 from infra.sglang.flags import ServerFlags, scaled_ratio
+from infra.sglang.hardware import Hardware
 from infra.sglang.memory import MemoryPlan
+from infra.sglang.planner import predict_tok_s
 from infra.sglang.profiles import ModelProfile
+from infra.sim.predict import Workload
+from tasks.tuning.trust import ModelTrust
 
 MEM_FRACTIONS = (0.85, 0.88, 0.90, 0.93)  # plus the current value and the ceiling
 MAMBA_SHARE_FACTORS = (1.5, 2, 3, 4, 6)  # × the current mamba_full_memory_ratio
@@ -93,3 +97,27 @@ def _label(changes: dict[str, object], flags: ServerFlags) -> str:
     if "speculative_algorithm" in changes:
         parts.append("MTP on (EAGLE 3/1)" if changes["speculative_algorithm"] else "MTP off")
     return " + ".join(parts)
+
+
+PRESCREEN = 24  # candidates replayed at the mean answer, of those the decode rate ranks best
+
+
+def prescreened(fitted: list[tuple[str, ServerFlags, MemoryPlan]], hw: Hardware,
+                workload: Workload | None,
+                trust: ModelTrust | None) -> list[tuple[str, ServerFlags, MemoryPlan]]:
+    """The PRESCREEN candidates whose closed-form decode rate (the step model at the cap, at
+    the workload's mean context; discounted as the replay's figure will be where the move
+    explores) is best. A replay per candidate for the whole lever space cost a 2-core box's
+    tuning e2e tests a quarter of a core at every check; the decode rate misses prefill,
+    waves and retractions, so it only orders, and the replay ranks what it keeps (the same
+    picks as replaying every move in bench/proposal_time.py and long-mixed)."""
+    if workload is None or len(fitted) <= PRESCREEN:
+        return fitted
+    context = workload.prompt_tokens + workload.output_tokens / 2
+
+    def rate(plan: MemoryPlan, candidate: ServerFlags) -> float:
+        tok_s = predict_tok_s(hw.model, hw.gpu, candidate, plan, context)
+        explores = trust is not None and trust.explores(plan.max_running_requests)
+        return tok_s * trust.discount if trust is not None and explores else tok_s
+
+    return sorted(fitted, key=lambda f: rate(f[2], f[1]), reverse=True)[:PRESCREEN]

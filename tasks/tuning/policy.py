@@ -12,14 +12,14 @@ from infra.sglang.flags import ServerFlags, scaled_ratio
 from infra.sglang.hardware import Hardware
 from infra.sglang.launch import UnsupportedFlags, check_flags
 from infra.sglang.memory import MemoryPlan, PoolsDoNotFit, covering_graphs
-from infra.sglang.planner import MAX_MEM_FRACTION, Demand, candidate_flags, predict_tok_s
+from infra.sglang.planner import MAX_MEM_FRACTION, Demand, candidate_flags
 from infra.sglang.profiles import ModelProfile
 from infra.sglang.roofline import build_roofline
 from infra.sglang.versions import SGLangVersion
 from tasks.fleet_config import FleetConfig
 from tasks.tuning.diagnosis import Diagnosis
 from tasks.tuning.ledger import config_key
-from tasks.tuning.lever_space import lever_moves
+from tasks.tuning.lever_space import lever_moves, prescreened
 from tasks.tuning.trust import ModelTrust, measured_trust
 
 DECODE_RATE = Demand()  # no workload known: the decode rate at 2,048 tokens of context
@@ -249,7 +249,7 @@ def _scored_candidates(flags: ServerFlags, current: MemoryPlan | None,
         options = [(f"{label} (pools kept)", keep_memory(c, flags)) for label, c in options]
     screen = search.demand.without_tail()
     every = _fitted(options, flags, search)
-    fitted = _prescreened(every, search)
+    fitted = prescreened(every, hw, search.demand.workload, search.trust)
     screen.prefetch(hw.model, hw.gpu, [c for _, c, _ in fitted], hw.version)
     pool: list[Scored] = []
     for label, candidate, plan in fitted:
@@ -293,26 +293,6 @@ def _fitted(options: list[tuple[str, ServerFlags]], flags: ServerFlags,
             seen.add(key)
             out.append((label, candidate, plan))
     return out
-
-
-PRESCREEN = 24  # candidates replayed at the mean answer, of those the decode rate ranks best
-
-
-def _prescreened(fitted: list[tuple[str, ServerFlags, MemoryPlan]],
-                 search: Search) -> list[tuple[str, ServerFlags, MemoryPlan]]:
-    """The PRESCREEN candidates whose closed-form decode rate (the step model at the cap, at
-    the workload's mean context) is best: a replay per candidate for the whole lever space
-    cost a 2-core box's tuning e2e tests a quarter of a core at every check, and the moves
-    the replay then ranks top are among these (the decode rate misses prefill, waves and
-    retractions, which move a ranking by tens of percent, not from the bottom to the top)."""
-    workload = search.demand.workload
-    if workload is None or len(fitted) <= PRESCREEN:
-        return fitted
-    hw = search.hardware
-    context = workload.prompt_tokens + workload.output_tokens / 2
-    rate = {id(plan): predict_tok_s(hw.model, hw.gpu, candidate, plan, context)
-            for _, candidate, plan in fitted}
-    return sorted(fitted, key=lambda f: rate[id(f[2])], reverse=True)[:PRESCREEN]
 
 
 def accepted_by(flags: ServerFlags, version: SGLangVersion, hybrid: bool) -> bool:
