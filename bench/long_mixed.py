@@ -19,10 +19,10 @@ from infra.sglang.profiles import gpu_profile, model_profile
 from infra.sglang.versions import parse_version
 from infra.sim.predict import Workload, committed_tok_s
 from infra.sim.text import count_prompt_tokens
+from tasks.tuning.lever_space import MTP as TUNER_MTP
 from tasks.tuning.policy import fit_to_kv
 
-MTP = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3,
-       "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}
+MTP = {**TUNER_MTP, "speculative_num_draft_tokens": 4}  # the tuner's lever, drafts spelled
 RETRACTED = re.compile(r"Retract requests\. #retracted_reqs: (\d+)")
 
 

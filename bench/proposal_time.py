@@ -19,10 +19,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tasks.tuning.lever_space import MTP  # noqa: E402
+
 MODELS = ROOT / "tests" / "fixtures" / "models"
 REAL = ROOT / "bench" / "real_sglang" / "models"
-MTP = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3,
-       "speculative_eagle_topk": 1}
 
 CASES = {  # name: (model, weights GiB, start flags, (prompt, mean output, p99))
     "27b-long-mixed": (str(MODELS / "qwen3.6-27b-text"), 50.16,

@@ -98,8 +98,9 @@ class VLLMRequests:
 
     def build(self, row: PromptRow, opts: DispatchOptions,
               sample: int = 0) -> tuple[str, dict[str, Any]]:
-        if row.grammar():
-            column = next(iter(row.grammar()))
+        grammar = row.grammar()
+        if grammar:
+            column = next(iter(grammar))
             raise ValueError(f"{column}: engine=vllm does not send {column} constraints "
                              "yet; use json_schema, or engine=sglang")
         if row.messages is not None:
