@@ -45,21 +45,23 @@ from infra.sglang.roofline import CALIBRATION_FILE, StepCalibration, build_roofl
 from infra.sim.replay import closed_loop, replay_scheduler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fit_moe import MODELS, V0517, server_flags, steady_wave_tok_s
+from fit_moe import MODELS, V0517, active_params_range, server_flags, steady_wave_tok_s
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "bench" / "real_sglang" / "data"
 # (folder, part): each part is one device call's tar of logs and results (probe_long.py)
 PARTS = (("2026-12-06-h100-s24", "gtc"), ("2026-12-06-h100-s25", "gtd"),
-         ("2026-12-06-h100-s25", "gte"), ("2026-12-06-h100-s26", "gtf"))
+         ("2026-12-06-h100-s25", "gte"), ("2026-12-06-h100-s26", "gtf"),
+         ("2026-12-07-h100-s33", "gsw"), ("2026-12-07-h100-s33", "gsw2"))
 # run after the fit, predicted before it ran (plans/granite_tiny_h100_g.predicted-h100.json):
 # extra_buffer with bf16 SSM state, a configuration the fit never saw
 HELD_OUT = (("2026-12-06-h100-s26", "gtg"),)
 H100 = gpu_profile("h100")
-TINY = model_profile(str(MODELS / "granite-4.0-h-tiny"), 12.93)  # bf16 bytes of the shapes
-# what every Granite-Tiny log says the load took ("Load weight end ... mem usage=13.05 GB"): the
-# pools are sized after it; a step reads the shapes' bytes
-TINY_LOADED = replace(TINY, weights_gib=13.05)
+# (GiB a step reads: the shapes' bf16 bytes, GiB the pools are sized after: what every log of
+# the model says the load took, "Load weight end ... mem usage=")
+WEIGHTS = {"granite-4.0-h-tiny": (12.93, 13.05), "granite-4.0-h-small": (60.03, 60.03)}
+TINY = model_profile(str(MODELS / "granite-4.0-h-tiny"), WEIGHTS["granite-4.0-h-tiny"][0])
+TINY_LOADED = replace(TINY, weights_gib=WEIGHTS["granite-4.0-h-tiny"][1])
 ENTRY = f"{H100.name}/{TINY.family}-moe"  # the key calibration_key looks up
 MIN_LINES = 5
 FULL_CHUNK = 8192  # the H100's chunked prefill size on this build: full chunks only
@@ -75,6 +77,19 @@ class Level:
     running: int
     step_s: float
     context: float
+    model: str = "granite-4.0-h-tiny"  # the models/ folder whose shapes ran
+
+
+@cache
+def step_model(name: str) -> ModelProfile:
+    """The profile a step is priced with: the shapes' bytes."""
+    return model_profile(str(MODELS / name), WEIGHTS[name][0])
+
+
+@cache
+def loaded_model(name: str) -> ModelProfile:
+    """The profile the pools are planned with: the bytes the load took."""
+    return replace(step_model(name), weights_gib=WEIGHTS[name][1])
 
 
 def servers(parts: tuple[tuple[str, str], ...] = PARTS) -> list[dict[str, Any]]:
@@ -112,7 +127,8 @@ def run_levels(rec: dict[str, Any], run: dict[str, Any]) -> list[Level]:
         n = line["running_req"]
         steps[n].append((n / line["gen_throughput"], line["full_num_tokens"] / n))
     return [Level(rec["name"], run["name"], tuple(rec["flags"]), n,
-                  statistics.median(s for s, _ in v), statistics.median(c for _, c in v))
+                  statistics.median(s for s, _ in v), statistics.median(c for _, c in v),
+                  rec["model"])
             for n, v in sorted(steps.items()) if len(v) >= MIN_LINES]
 
 
@@ -132,13 +148,13 @@ def _flags(argv: tuple[str, ...]) -> ServerFlags:
 
 
 @cache
-def _plan(argv: tuple[str, ...]) -> MemoryPlan:
-    return plan_memory(TINY_LOADED, H100, _flags(argv), V0517)
+def _plan(argv: tuple[str, ...], model: str = "granite-4.0-h-tiny") -> MemoryPlan:
+    return plan_memory(loaded_model(model), H100, _flags(argv), V0517)
 
 
 def predicted_step(level: Level, cal: StepCalibration) -> float:
-    roof = build_roofline(TINY, H100, _flags(level.flags_argv), _plan(level.flags_argv),
-                          calibration=cal)
+    roof = build_roofline(step_model(level.model), H100, _flags(level.flags_argv),
+                          _plan(level.flags_argv, level.model), calibration=cal)
     return roof.decode_step_s(level.running, level.context)
 
 
@@ -172,7 +188,7 @@ def long_mixed_fits(recs: list[dict[str, Any]]) -> list[tuple[Level, float]]:
                                       usual[:, 2], usual[:, 3]])
             (step, per_batch, _), *_ = np.linalg.lstsq(design, usual[:, 1], rcond=None)
             level = Level(rec["name"], run["name"], tuple(rec["flags"]), int(usual[0, 0]),
-                          float(step), float(np.median(usual[:, 4])))
+                          float(step), float(np.median(usual[:, 4])), rec["model"])
             out.append((level, float(per_batch)))
     return out
 
@@ -217,19 +233,22 @@ def _intervals(rec: dict[str, Any],
     return out
 
 
-def prefill_efficiency(recs: list[dict[str, Any]], model: ModelProfile,
-                       batch_s: float) -> float:
-    """The per-token part of a full 8,192-token chunk's time (its new tokens over SGLang's
-    input throughput, median over the lines, less the batch cost) as FLOPs (2 × active
-    parameters a token) over the H100's peak."""
-    chunk_s = statistics.median(
-        line["new_token"] / line["input_throughput"] for rec in recs
-        for line in parse_log(rec["log_text"])
-        if line["kind"] == "prefill" and (line["new_token"] or 0) >= FULL_CHUNK
-        and line["input_throughput"])
-    per_token_s = (chunk_s - batch_s) / FULL_CHUNK
-    flops = 2.0 * model.active_params_b * 1e9
-    return round(flops / per_token_s / (H100.bf16_tflops * 1e12), 4)
+def prefill_efficiency(recs: list[dict[str, Any]], batch_s: float) -> float:
+    """The per-token part of each full 8,192-token chunk's time (its new tokens over SGLang's
+    input throughput, less the batch cost) as its model's FLOPs (2 × active parameters a
+    token) over the H100's peak: the median of each model's lines, then their mean (each
+    model weighs the same, however many lines it logged; Granite-Small's chunks reach 0.29
+    of peak, Tiny's 0.45)."""
+    shares: dict[str, list[float]] = defaultdict(list)
+    for rec in recs:
+        flops = 2.0 * step_model(rec["model"]).active_params_b * 1e9
+        for line in parse_log(rec["log_text"]):
+            if (line["kind"] == "prefill" and (line["new_token"] or 0) >= FULL_CHUNK
+                    and line["input_throughput"]):
+                chunk_s = line["new_token"] / line["input_throughput"]
+                per_token_s = (chunk_s - batch_s) / FULL_CHUNK
+                shares[rec["model"]].append(flops / per_token_s / (H100.bf16_tflops * 1e12))
+    return round(statistics.fmean(statistics.median(v) for v in shares.values()), 4)
 
 
 # The constants searched, each with its starting point, step and bounds.
@@ -241,6 +260,7 @@ SEARCHED: dict[str, tuple[float, float, float, float]] = {
     "moe_efficiency": (0.2, 0.05, 0.01, 1.0),
     "extra_buffer_tracking_slots": (1.0, 0.5, 0.0, 8.0),
     "kv_read_factor": (1.0, 0.5, 1.0, 8.0),
+    "state_passes": (2.0, 0.25, 1.0, 2.0),
 }
 SPREADS = (0.1, 0.2, 0.3, 0.5, 0.7, 1.0)  # the dummy router's spread over Granite's experts
 
@@ -276,18 +296,19 @@ def fit(recs: list[dict[str, Any]]) -> StepCalibration:
         StepCalibration(bandwidth_efficiency=0.8, per_request_overhead_s=0.0,
                         step_overhead_s=0.0, no_overlap_extra_s=0.0,
                         extra_buffer_tracking_slots=0.0),
-        prefill_efficiency=prefill_efficiency(recs, TINY, batch_s), prefill_batch_s=batch_s,
+        prefill_efficiency=prefill_efficiency(recs, batch_s), prefill_batch_s=batch_s,
         **searched)
     fits = [pattern_search(replace(start, dummy_routed_spread=(
         (TINY.architecture, spread),)), graphed) for spread in SPREADS]
     cal = min(fits, key=lambda cal: step_error(cal, graphed))
-    eager = statistics.median((lv.step_s - predicted_step(lv, cal)) / TINY.num_layers
-                              for lv in found if not _graphed(lv))
+    eager = statistics.median(
+        (lv.step_s - predicted_step(lv, cal)) / step_model(lv.model).num_layers
+        for lv in found if not _graphed(lv))
     return replace(cal, eager_layer_s=eager)
 
 
 def _graphed(level: Level) -> bool:
-    bound = _plan(level.flags_argv).graph_max_bs
+    bound = _plan(level.flags_argv, level.model).graph_max_bs
     return bound <= 0 or level.running <= bound
 
 
@@ -308,7 +329,7 @@ def replayed_rate(rec: dict[str, Any], run: dict[str, Any], cal: StepCalibration
     # a long run counts what was answered within its wall time (sends stop at max_s, answers
     # are awaited 30 s more); a fixed run answered everything
     deadline = float(run["wall_s"]) if run["workload"] == "lognormal" else float("inf")
-    scheduler = replay_scheduler(TINY, H100, flags, V0517, calibration=cal)
+    scheduler = replay_scheduler(step_model(rec["model"]), H100, flags, V0517, calibration=cal)
     result = closed_loop(scheduler, rows, int(run["concurrency"]), deadline)
     if run["workload"] == "fixed":
         return result.steady_tok_s or result.committed_tok_s
@@ -322,8 +343,10 @@ def entry(cal: StepCalibration) -> dict[str, Any]:
 
     return {**{k: rounded(getattr(cal, k)) for k in StepCalibration.__dataclass_fields__},
             "dummy_routed_spread": dict(cal.dummy_routed_spread), "source": sources,
-            "sglang": "0.5.17", "model": "Granite-4.0-H-Tiny shapes (GraniteMoeHybrid: "
-            "Mamba2 + 64-expert MoE), bf16, dummy"}
+            "sglang": "0.5.17", "active_params_b": active_params_range(
+                {name: step for name, (step, _) in WEIGHTS.items()}),
+            "model": "Granite-4.0-H-Tiny and -Small shapes (GraniteMoeHybrid: Mamba2 + 64- and "
+            "72-expert MoE), bf16, dummy"}
 
 
 def main(argv: list[str]) -> int:

@@ -177,6 +177,15 @@ def _with(base: StepCalibration, eff: float, eager: float,
                    dummy_routed_spread=tuple(sorted(spreads.items())))
 
 
+def active_params_range(weights_gib: dict[str, float]) -> list[float]:
+    """The fewest and most active parameters (billions) of the models a fit saw (models/
+    folder → the GiB of weights its profile is read with): what the planner reads to call a
+    model far from all of them extrapolated (roofline.fitted_sizes)."""
+    sizes = [model_profile(str(MODELS / name), gib).active_params_b
+             for name, gib in weights_gib.items()]
+    return [round(min(sizes), 2), round(max(sizes), 2)]
+
+
 def main(argv: list[str]) -> int:
     table = json.loads(CALIBRATION_FILE.read_text())
     base = StepCalibration(**{k: v for k, v in table["H200"].items()
@@ -190,6 +199,8 @@ def main(argv: list[str]) -> int:
     entry = {**{k: getattr(cal, k) for k in StepCalibration.__dataclass_fields__},
              "dummy_routed_spread": dict(cal.dummy_routed_spread),
              "source": str(DATA.relative_to(ROOT)), "sglang": "0.5.17",
+             "active_params_b": active_params_range(
+                 {rec["model"]: WEIGHTS_GIB[rec["model"]] for rec in records()}),
              "model": "Qwen3.6-35B-A3B text shapes (fitted), Kimi-Linear-48B-A3B (its dummy "
                       "spread; MLA attention on every session's levels), bf16, dummy"}
     if "--write" in argv:

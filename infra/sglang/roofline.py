@@ -58,6 +58,10 @@ class StepCalibration:
     # share (short per-request contexts of few KV heads do not stream at full speed). 1: the
     # bytes alone, as every fit before the H100's assumed
     kv_read_factor: float = 1.0
+    # How many times a step moves one request's mamba state at the bandwidth share: 2, a read
+    # and a write, as every fit before the H100's Mamba2 + MoE one assumed; that fit, on two
+    # model sizes with fp32 and bf16 state, measures about one pass
+    state_passes: float = 2.0
 
 
 # The seeds' fit (RTX PRO 6000, a pre-rename build): seed 000 extra_buffer with 31 running
@@ -145,14 +149,24 @@ def _kind_entry(gpu_name: str, model: ModelProfile, table: dict[str, StepCalibra
 @dataclass(frozen=True)
 class CalibrationNote:
     """Which measured constants a prediction uses, and how far to trust it: `calibrated` when
-    this model's family (and, for an MoE, its expert regime) ran on this GPU."""
+    this model's family (and, for an MoE, its expert regime) ran on this GPU; `extrapolated`
+    when it did, but only at model sizes far from this one's."""
 
     key: str
     calibrated: bool
     uncertainty: float  # the relative error to expect (the fits' worst residual, or a guess)
     borrowed: bool = False  # the entry is another GPU's of the same generation
+    # the active parameters (billions) of the models the entry was fitted on, when it says
+    fitted_active_params_b: tuple[float, float] | None = None
+    extrapolated: bool = False
+    active_params_b: float = 0.0  # this model's
 
     def describe(self) -> str:
+        if self.calibrated and self.extrapolated and self.fitted_active_params_b:
+            low, high = self.fitted_active_params_b
+            return (f"step model measured as {self.key} on models of {low:g}-{high:g} B active "
+                    f"parameters, not this one's {self.active_params_b:.3g} B; expect "
+                    f"±{self.uncertainty:.0%}")
         if self.calibrated:
             return f"step model measured as {self.key} (expect ±{self.uncertainty:.0%})"
         return (f"step model not measured for this family on this GPU (nearest: {self.key}"
@@ -162,19 +176,40 @@ class CalibrationNote:
 
 CALIBRATED_ERROR = 0.15  # the device checks' bound (tests/unit/test_real_*.py)
 UNCALIBRATED_ERROR = 0.5  # the MoE hybrids' rates before their fit ran 20-70 % high
+# Granite-4.0-H-Small (8.8 B active) priced by a fit on Granite-Tiny's shapes alone (1.5 B):
+# its four H100 waves ran 10-24 % below the plan (tests/unit/test_real_granite_small.py)
+EXTRAPOLATED_ERROR = 0.25
+# How far past the fitted sizes a model is still within them: no measurement says how the
+# error grows between 1× and Small's 6×, so half as far again either way
+SIZE_MARGIN = 1.5
+
+
+@functools.cache
+def fitted_sizes() -> dict[str, tuple[float, float]]:
+    """Entry → (fewest, most) active parameters, in billions, of the models it was fitted on
+    (the fits write it; an entry without it says nothing about size)."""
+    raw = json.loads(CALIBRATION_FILE.read_text())
+    return {key: (float(v["active_params_b"][0]), float(v["active_params_b"][1]))
+            for key, v in raw.items() if "active_params_b" in v}
 
 
 def calibration_note(gpu: GpuProfile, model: ModelProfile) -> CalibrationNote:
     """Calibrated when the constants were fitted on this model's kind: its MoE entry for an
-    MoE, its family's for a dense-MLP hybrid (the GPU's own for GDN: fitted on the 27B)."""
+    MoE, its family's for a dense-MLP hybrid (the GPU's own for GDN: fitted on the 27B).
+    Extrapolated when that entry's models were all much smaller or larger than this one."""
     key = calibration_key(gpu, model)
     own = (f"{gpu.name}/{model.family}",
            gpu.name if model.family == "gdn" else f"{gpu.name}/{model.family}")
     here = key is not None and key.split("/")[0] == gpu.name  # not a sibling GPU's
     measured = here and (key or "").endswith("-moe") if model.moe else here and key in own
-    uncertainty = CALIBRATED_ERROR if measured else UNCALIBRATED_ERROR
+    sizes = fitted_sizes().get(key or "")
+    far = sizes is not None and not (sizes[0] / SIZE_MARGIN <= model.active_params_b
+                                     <= sizes[1] * SIZE_MARGIN)
+    uncertainty = ((EXTRAPOLATED_ERROR if far else CALIBRATED_ERROR) if measured
+                   else UNCALIBRATED_ERROR)
     return CalibrationNote(key or "the seeds' RTX PRO 6000 fit", measured, uncertainty,
-                           borrowed=key is not None and not here)
+                           borrowed=key is not None and not here, fitted_active_params_b=sizes,
+                           extrapolated=measured and far, active_params_b=model.active_params_b)
 
 
 # Speculative verify + draft cost relative to a plain decode step, per draft token.
@@ -291,7 +326,7 @@ def build_roofline(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
                    calibration: StepCalibration | None = None) -> Roofline:
     cal = calibration or calibration_for(gpu, model)
     conv, ssm = per_slot_bytes(model, flags)
-    state = 2.0 * (conv + ssm)
+    state = cal.state_passes * (conv + ssm)
     if plan.mamba_strategy == "extra_buffer" or plan.mamba_strategy == "extra_buffer_lazy":
         state += cal.extra_buffer_tracking_slots * (conv + ssm)
     draft = plan.draft_tokens

@@ -4,10 +4,12 @@ dense family fit, then the GPU's own entry — and what `expansion plan` says ab
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from infra.sglang import roofline
 from infra.sglang.profiles import ModelProfile, gpu_profile, model_profile
 from infra.sglang.roofline import calibration_key, calibration_note
 
@@ -47,3 +49,26 @@ def test_a_borrowed_entry_is_named_as_such_with_the_uncalibrated_bound() -> None
                     "of its generation); expect ±50% until a run measures it")
     own = calibration_note(gpu_profile("h200"), LFM2).describe()
     assert "a GPU of its generation" not in own
+
+
+def test_a_model_far_from_every_size_its_entry_saw_is_called_extrapolated() -> None:
+    """The 35B-A3B's entry saw 3.5 B active parameters; a GDN MoE of 17 B (Qwen3.5-397B-A17B's
+    class) takes its constants but is told how far it is from them."""
+    note = calibration_note(gpu_profile("h200"), replace(Q35, active_params_b=17.0))
+    assert (note.calibrated, note.extrapolated, note.uncertainty) == (True, True, 0.25)
+    assert note.describe() == ("step model measured as H200/gdn-moe on models of 3.49-3.54 B "
+                               "active parameters, not this one's 17 B; expect ±25%")
+    near = calibration_note(gpu_profile("h200"), Q35)
+    assert (near.calibrated, near.extrapolated, near.uncertainty) == (True, False, 0.15)
+
+
+def test_granite_small_against_a_tiny_only_fit_is_extrapolated(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the blind record should have said: the H100 entry fitted on Tiny alone (1.47 B)
+    priced Small (8.8 B) 10-24 % high (test_real_granite_small_h100.py); since the fit took
+    Small's waves, Small is inside its sizes."""
+    assert not calibration_note(gpu_profile("h100"), GRANITE_SMALL).extrapolated
+    monkeypatch.setattr(roofline, "fitted_sizes",
+                        lambda: {"H100 80GB/mamba2-moe": (1.47, 1.47)})
+    note = calibration_note(gpu_profile("h100"), GRANITE_SMALL)
+    assert note.extrapolated and note.uncertainty == 0.25

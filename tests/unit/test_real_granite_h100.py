@@ -49,8 +49,8 @@ def wave_of(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def planned(rec: dict[str, Any], workload: Workload) -> float:
-    return committed_tok_s(fit.TINY, fit.H100, fit.server_flags(rec["flags"]), fit.V0517,
-                           workload)
+    return committed_tok_s(fit.step_model(rec["model"]), fit.H100,
+                           fit.server_flags(rec["flags"]), fit.V0517, workload)
 
 
 def test_the_shipped_constants_are_what_the_fit_gives() -> None:
@@ -117,13 +117,15 @@ def held_out() -> dict[str, Any]:
     return rec
 
 
-def test_the_held_out_server_was_predicted_before_it_ran_and_the_planner_still_says_so() -> None:
-    """plans/granite_tiny_h100_g.predicted-h100.json was committed with the fit, before the
-    run: 5,809 tok/s at the cap (the seeds' constants had said 4,037)."""
+def test_the_held_out_server_was_predicted_before_it_ran_within_15_percent() -> None:
+    """plans/granite_tiny_h100_g.predicted-h100.json was committed with the Tiny-only fit,
+    before the run: 5,809 tok/s at the cap (the seeds' constants had said 4,037) against 5,677
+    steady. The fit has since taken Granite-Small's waves; today's planner is held below."""
     said = json.loads((fit.ROOT / "bench" / "real_sglang" / "plans" /
                        "granite_tiny_h100_g.predicted-h100.json").read_text())
     wave = next(p for p in said if p["server"] == "gt_eb_bf16" and p["run"] == "wave")
-    assert planned(held_out(), WAVE) == pytest.approx(wave["committed_tok_s_per_gpu"], rel=0.01)
+    assert wave["committed_tok_s_per_gpu"] == pytest.approx(
+        fit.measured_rate(wave_of(held_out())), rel=0.15)
 
 
 def test_the_held_out_pools_within_one_percent_and_the_cap_within_one() -> None:
@@ -165,12 +167,14 @@ def test_a_second_held_out_server_pools_cap_exact_with_the_loaded_weights() -> N
 
 
 def test_a_second_held_out_servers_long_mixed_outputs_within_15_percent() -> None:
-    """4,751 planned (as recorded before the run) against 5,430 generated while the batch was
-    full (-12.5 %); replayed 3,293 against the run's committed 3,692 (-10.8 %)."""
+    """4,751 recorded before the run (the Tiny-only fit) against 5,430 generated while the
+    batch was full (-12.5 %); today's planner, its fit taking Granite-Small's waves too, is
+    held to the same bound, and its replay to the run's committed rate."""
     rec = long_alone()
     (run,) = rec["runs"]
     said = json.loads((fit.ROOT / "bench" / "real_sglang" / "plans" /
                        "granite_tiny_h100_h.predicted-h100.json").read_text())
-    assert planned(rec, LONG) == pytest.approx(said[0]["committed_tok_s_per_gpu"], rel=0.01)
+    assert said[0]["committed_tok_s_per_gpu"] == pytest.approx(fit.full_batch_rate(rec, run),
+                                                               rel=0.15)
     assert planned(rec, LONG) == pytest.approx(fit.full_batch_rate(rec, run), rel=0.15)
     assert fit.replayed_rate(rec, run, None) == pytest.approx(fit.measured_rate(run), rel=0.15)
