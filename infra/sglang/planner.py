@@ -138,19 +138,21 @@ def candidate_flags(model: ModelProfile, flags: ServerFlags, current: MemoryPlan
         out.append((f"max_running_requests {flags.max_running_requests}→{room} (what the "
                     "pools hold)", flags.with_changes(max_running_requests=room)))
     if model.hybrid:
-        out += _write_up_fix(flags, m)
+        out += _write_up_fix(flags, m, current)
     return out
 
 
-def _write_up_fix(flags: ServerFlags, mem: float) -> list[tuple[str, ServerFlags]]:
+def _write_up_fix(flags: ServerFlags, mem: float,
+                  current: MemoryPlan | None) -> list[tuple[str, ServerFlags]]:
     """The first real run's hand fix (no_buffer, mem 0.90, cap 128), named by what it moves
     here: a fraction already past 0.90 stays, and a fix that moves nothing is no alternative."""
     parts = [("no_buffer", flags.mamba_strategy != "no_buffer"),
              (f"mem {max(mem, 0.90):.2f}", mem < 0.90),
              ("cap 128", flags.max_running_requests != 128)]
     moved = [name for name, changes in parts if changes]
-    if not moved or (moved == ["cap 128"] and flags.max_running_requests is None):
-        return []  # only the default cap would move: the pools bind below or above it alike
+    held = current.max_running_requests if current is not None else None
+    if not moved or (moved == ["cap 128"] and held is not None and held <= 128):
+        return []  # a cap of 128 over pools that hold no more changes nothing
     return [(" + ".join(moved) + (" together" if len(moved) > 1 else ""), flags.with_changes(
         mamba_strategy="no_buffer", mem_fraction_static=max(mem, 0.90),
         max_running_requests=128, max_mamba_cache_size=None))]
