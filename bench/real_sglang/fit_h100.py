@@ -61,7 +61,6 @@ H100 = gpu_profile("h100")
 # the model says the load took, "Load weight end ... mem usage=")
 WEIGHTS = {"granite-4.0-h-tiny": (12.93, 13.05), "granite-4.0-h-small": (60.03, 60.03)}
 TINY = model_profile(str(MODELS / "granite-4.0-h-tiny"), WEIGHTS["granite-4.0-h-tiny"][0])
-TINY_LOADED = replace(TINY, weights_gib=WEIGHTS["granite-4.0-h-tiny"][1])
 ENTRY = f"{H100.name}/{TINY.family}-moe"  # the key calibration_key looks up
 MIN_LINES = 5
 FULL_CHUNK = 8192  # the H100's chunked prefill size on this build: full chunks only

@@ -14,6 +14,7 @@ import functools
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from infra.sglang.flags import ServerFlags
 from infra.sglang.memory import MemoryPlan, per_slot_bytes
@@ -80,9 +81,16 @@ GPU_WIDE = ("eager_layer_s",)
 
 
 @functools.cache
+def _calibration_table() -> dict[str, dict[str, Any]]:
+    """data/step_calibration.json as written by the fits, read once."""
+    table: dict[str, dict[str, Any]] = json.loads(CALIBRATION_FILE.read_text())
+    return table
+
+
+@functools.cache
 def measured_calibrations() -> dict[str, StepCalibration]:
     """GPU name (as in its profile) → constants fitted from real runs on it."""
-    raw = json.loads(CALIBRATION_FILE.read_text())
+    raw = _calibration_table()
     names = {f.name for f in fields(StepCalibration)}
     out = {}
     for gpu, values in raw.items():
@@ -162,7 +170,7 @@ class CalibrationNote:
     active_params_b: float = 0.0  # this model's
 
     def describe(self) -> str:
-        if self.calibrated and self.extrapolated and self.fitted_active_params_b:
+        if self.extrapolated and self.fitted_active_params_b:
             low, high = self.fitted_active_params_b
             return (f"step model measured as {self.key} on models of {low:g}-{high:g} B active "
                     f"parameters, not this one's {self.active_params_b:.3g} B; expect "
@@ -177,7 +185,7 @@ class CalibrationNote:
 CALIBRATED_ERROR = 0.15  # the device checks' bound (tests/unit/test_real_*.py)
 UNCALIBRATED_ERROR = 0.5  # the MoE hybrids' rates before their fit ran 20-70 % high
 # Granite-4.0-H-Small (8.8 B active) priced by a fit on Granite-Tiny's shapes alone (1.5 B):
-# its four H100 waves ran 10-24 % below the plan (tests/unit/test_real_granite_small.py)
+# its four H100 waves ran 10-24 % below the plan (tests/unit/test_real_granite_small_h100.py)
 EXTRAPOLATED_ERROR = 0.25
 # How far past the fitted sizes a model is still within them: no measurement says how the
 # error grows between 1× and Small's 6×, so half as far again either way
@@ -188,7 +196,7 @@ SIZE_MARGIN = 1.5
 def fitted_sizes() -> dict[str, tuple[float, float]]:
     """Entry → (fewest, most) active parameters, in billions, of the models it was fitted on
     (the fits write it; an entry without it says nothing about size)."""
-    raw = json.loads(CALIBRATION_FILE.read_text())
+    raw = _calibration_table()
     return {key: (float(v["active_params_b"][0]), float(v["active_params_b"][1]))
             for key, v in raw.items() if "active_params_b" in v}
 
@@ -221,7 +229,7 @@ class Roofline:
     """Step-time model for one server configuration."""
 
     weights_bytes: float  # everything a step reads whatever the batch (routed experts aside)
-    state_bytes_per_request: float  # read + write of one request's mamba state per step
+    state_bytes_per_request: float  # one request's mamba state moved per step (state_passes)
     kv_bytes_per_token: float
     bandwidth_bps: float
     flops_per_token: float
