@@ -95,12 +95,12 @@ def _show(rows: list[Any], estimate: dict[str, Any] | None, what: tuple[Any, Any
           as_json: bool) -> bool:
     """Print the plan (or its JSON), the alternatives and how sure it is; False when SGLang
     would refuse the current flags (or the JSON said it all)."""
-    from infra.sglang.roofline import calibration_note
+    from infra.sglang.calibration_note import calibration_note
     from infra.sglang.strategy import launch_needs
 
     prof, card, version, flags = what
     current = rows[0]
-    note = calibration_note(card, prof)
+    note = calibration_note(card, prof, flags)
     if as_json:
         _print_plan_json(prof.name, card.name, version.label, rows, estimate,
                          (note, launch_needs(prof, flags, version)))

@@ -4,7 +4,10 @@ Granite-4.0-H-Tiny's shapes (`GraniteMoeHybridForCausalLM`: 36 Mamba2 layers, 4 
 64 experts top-6 plus a shared expert; dummy weights) ran on an H100 at 32 to 302 running
 requests under four configurations (default flags: extra_buffer with overlap; no_buffer fp32;
 no_buffer bf16 with graphs to 320), `probe_long.py` driving each (bench/real_sglang/data/
-2026-12-06-h100-s24, -s25). Until these runs the planner priced an H100 with the seeds' RTX PRO
+2026-12-06-h100-s24, -s25); Granite-4.0-H-Small's (72 experts top-10, 8.8 B active) and
+Nemotron-3-Nano-30B-A3B's (`NemotronHForCausalLM`: 23 Mamba2, 23 MoE layers of 128 experts
+top-6, 6 attention; the triton MoE runner) four configurations each (-s33, -s34), both run
+blind first. Until these runs the planner priced an H100 with the seeds' RTX PRO
 6000 constants and its plans were 16-55 % off, low at small batches and high at large ones.
 
 What is fitted, and on what:
@@ -25,6 +28,7 @@ infra/sglang/data/step_calibration.json; without --write prints the fit and its 
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
 import statistics
@@ -52,14 +56,16 @@ DATA = ROOT / "bench" / "real_sglang" / "data"
 # (folder, part): each part is one device call's tar of logs and results (probe_long.py)
 PARTS = (("2026-12-06-h100-s24", "gtc"), ("2026-12-06-h100-s25", "gtd"),
          ("2026-12-06-h100-s25", "gte"), ("2026-12-06-h100-s26", "gtf"),
-         ("2026-12-07-h100-s33", "gsw"), ("2026-12-07-h100-s33", "gsw2"))
+         ("2026-12-07-h100-s33", "gsw"), ("2026-12-07-h100-s33", "gsw2"),
+         ("2026-12-07-h100-s34", "nhw2"))
 # run after the fit, predicted before it ran (plans/granite_tiny_h100_g.predicted-h100.json):
 # extra_buffer with bf16 SSM state, a configuration the fit never saw
 HELD_OUT = (("2026-12-06-h100-s26", "gtg"),)
 H100 = gpu_profile("h100")
 # (GiB a step reads: the shapes' bf16 bytes, GiB the pools are sized after: what every log of
 # the model says the load took, "Load weight end ... mem usage=")
-WEIGHTS = {"granite-4.0-h-tiny": (12.93, 13.05), "granite-4.0-h-small": (60.03, 60.03)}
+WEIGHTS = {"granite-4.0-h-tiny": (12.93, 13.05), "granite-4.0-h-small": (60.03, 60.03),
+           "nemotron-3-nano-30b-a3b": (58.82, 58.92)}
 TINY = model_profile(str(MODELS / "granite-4.0-h-tiny"), WEIGHTS["granite-4.0-h-tiny"][0])
 ENTRY = f"{H100.name}/{TINY.family}-moe"  # the key calibration_key looks up
 MIN_LINES = 5
@@ -235,9 +241,11 @@ def _intervals(rec: dict[str, Any],
 def prefill_efficiency(recs: list[dict[str, Any]], batch_s: float) -> float:
     """The per-token part of each full 8,192-token chunk's time (its new tokens over SGLang's
     input throughput, less the batch cost) as its model's FLOPs (2 × active parameters a
-    token) over the H100's peak: the median of each model's lines, then their mean (each
-    model weighs the same, however many lines it logged; Granite-Small's chunks reach 0.29
-    of peak, Tiny's 0.45)."""
+    token) over the H100's peak: the median of each model's lines, then the median of those
+    (each model weighs the same, however many lines it logged, and no one model moves every
+    other's prefill: Granite-Small's chunks reach 0.29 of peak, Tiny's 0.45, Nemotron-30B's
+    0.96 — its dummy router sends a chunk's tokens to few experts, whose GEMMs are then large;
+    their mean, 0.57, put Granite's replays up to 15 % high)."""
     shares: dict[str, list[float]] = defaultdict(list)
     for rec in recs:
         flops = 2.0 * step_model(rec["model"]).active_params_b * 1e9
@@ -247,7 +255,7 @@ def prefill_efficiency(recs: list[dict[str, Any]], batch_s: float) -> float:
                 chunk_s = line["new_token"] / line["input_throughput"]
                 per_token_s = (chunk_s - batch_s) / FULL_CHUNK
                 shares[rec["model"]].append(flops / per_token_s / (H100.bf16_tflops * 1e12))
-    return round(statistics.fmean(statistics.median(v) for v in shares.values()), 4)
+    return round(statistics.median(statistics.median(v) for v in shares.values()), 4)
 
 
 # The constants searched, each with its starting point, step and bounds.
@@ -261,7 +269,12 @@ SEARCHED: dict[str, tuple[float, float, float, float]] = {
     "kv_read_factor": (1.0, 0.5, 1.0, 8.0),
     "state_passes": (2.0, 0.25, 1.0, 2.0),
 }
-SPREADS = (0.1, 0.2, 0.3, 0.5, 0.7, 1.0)  # the dummy router's spread over Granite's experts
+# The dummy router's spread over each architecture's experts, searched: Granite's softmax top-k
+# spreads wide; NemotronH's DeepSeek-V3 router (grouped sigmoid top-k with a correction bias,
+# nemotron_h.py's NemotronHMoE) sends a random-weight batch to few experts, as Kimi-Linear's
+# same router does on the H200 (0.02)
+SPREADS = {"GraniteMoeHybridForCausalLM": (0.1, 0.2, 0.3, 0.5, 0.7, 1.0),
+           "NemotronHForCausalLM": (0.02, 0.05, 0.1, 0.2)}
 
 
 def pattern_search(cal: StepCalibration, found: list[Level], rounds: int = 12) -> StepCalibration:
@@ -297,8 +310,10 @@ def fit(recs: list[dict[str, Any]]) -> StepCalibration:
                         extra_buffer_tracking_slots=0.0),
         prefill_efficiency=prefill_efficiency(recs, batch_s), prefill_batch_s=batch_s,
         **searched)
-    fits = [pattern_search(replace(start, dummy_routed_spread=(
-        (TINY.architecture, spread),)), graphed) for spread in SPREADS]
+    combos = [tuple(zip(SPREADS, combo, strict=True))
+              for combo in itertools.product(*SPREADS.values())]
+    fits = [pattern_search(replace(start, dummy_routed_spread=spreads), graphed)
+            for spreads in combos]
     cal = min(fits, key=lambda cal: step_error(cal, graphed))
     eager = statistics.median(
         (lv.step_s - predicted_step(lv, cal)) / step_model(lv.model).num_layers
@@ -345,7 +360,8 @@ def entry(cal: StepCalibration) -> dict[str, Any]:
             "sglang": "0.5.17", "active_params_b": active_params_range(
                 {name: step for name, (step, _) in WEIGHTS.items()}),
             "model": "Granite-4.0-H-Tiny and -Small shapes (GraniteMoeHybrid: Mamba2 + 64- and "
-            "72-expert MoE), bf16, dummy"}
+            "72-expert MoE), Nemotron-3-Nano-30B-A3B shapes (NemotronH: Mamba2 + 128-expert "
+            "MoE, triton MoE runner), bf16, dummy"}
 
 
 def main(argv: list[str]) -> int:

@@ -180,7 +180,7 @@ def _with(base: StepCalibration, eff: float, eager: float,
 def active_params_range(weights_gib: dict[str, float]) -> list[float]:
     """The fewest and most active parameters (billions) of the models a fit saw (models/
     folder → the GiB of weights its profile is read with): what the planner reads to call a
-    model far from all of them extrapolated (roofline.fitted_sizes)."""
+    model far from all of them extrapolated (calibration_note.fitted_sizes)."""
     sizes = [model_profile(str(MODELS / name), gib).active_params_b
              for name, gib in weights_gib.items()]
     return [round(min(sizes), 2), round(max(sizes), 2)]

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from infra.sglang import roofline
+from infra.sglang import calibration_note as note_module
+from infra.sglang.calibration_note import calibration_note
+from infra.sglang.flag_parser import parse_server_flags
 from infra.sglang.profiles import ModelProfile, gpu_profile, model_profile
-from infra.sglang.roofline import calibration_key, calibration_note
+from infra.sglang.roofline import calibration_key
+from infra.sglang.versions import parse_version
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "bench" / "real_sglang" / "models"
@@ -68,7 +71,34 @@ def test_granite_small_against_a_tiny_only_fit_is_extrapolated(
     priced Small (8.8 B) 10-24 % high (test_real_granite_small_h100.py); since the fit took
     Small's waves, Small is inside its sizes."""
     assert not calibration_note(gpu_profile("h100"), GRANITE_SMALL).extrapolated
-    monkeypatch.setattr(roofline, "fitted_sizes",
+    monkeypatch.setattr(note_module, "fitted_sizes",
                         lambda: {"H100 80GB/mamba2-moe": (1.47, 1.47)})
     note = calibration_note(gpu_profile("h100"), GRANITE_SMALL)
     assert note.extrapolated and note.uncertainty == 0.25
+
+
+NEMOTRON_30B = model_profile(str(Path(__file__).resolve().parents[2] / "bench" / "real_sglang"
+                                 / "models" / "nemotron-3-nano-30b-a3b"), 58.82)
+DUMMY = ("--load-format", "dummy")
+V0517 = parse_version("0.5.17")
+
+
+def test_an_moe_whose_dummy_router_no_run_measured_is_unsure_under_dummy_weights() -> None:
+    """Nemotron-30B's blind H100 plan ran 38-66 % under the server: its random router sends a
+    batch to few experts, which nothing measured then. Since its fit, NemotronH's spread is
+    measured; the same shapes under an architecture no run measured (SGLang serves
+    NemotronHPuzzleForCausalLM with the same model class) are ±50 % under dummy weights, and
+    as calibrated as NemotronH with real ones."""
+    h100 = gpu_profile("h100")
+    dummy, real = parse_server_flags(list(DUMMY), V0517), parse_server_flags([], V0517)
+    measured = calibration_note(h100, NEMOTRON_30B, dummy)
+    assert not measured.dummy_routing_unmeasured and measured.uncertainty == 0.15
+    puzzle = replace(NEMOTRON_30B, architecture="NemotronHPuzzleForCausalLM")
+    unmeasured = calibration_note(h100, puzzle, dummy)
+    assert unmeasured.dummy_routing_unmeasured and unmeasured.uncertainty == 0.5
+    assert unmeasured.describe() == (
+        "step model measured as H100 80GB/mamba2-moe; the random-weight router's spread over "
+        "NemotronHPuzzleForCausalLM's experts was never measured (dummy weights send a batch "
+        "to few experts or many), expect ±50%")
+    with_real = calibration_note(h100, puzzle, real)
+    assert not with_real.dummy_routing_unmeasured and with_real.uncertainty == 0.15

@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from infra.sglang.roofline import CALIBRATION_FILE, calibration_note, measured_calibrations
+from infra.sglang.calibration_note import calibration_note
+from infra.sglang.roofline import CALIBRATION_FILE, measured_calibrations
 from infra.sim.predict import Workload, committed_tok_s
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "real_sglang"))

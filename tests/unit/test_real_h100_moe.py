@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
+from infra.sglang.calibration_note import calibration_note
 from infra.sglang.flag_parser import parse_server_flags
 from infra.sglang.memory import plan_memory
 from infra.sglang.profiles import model_profile
-from infra.sglang.roofline import calibration_note
 from infra.sim.predict import Workload, committed_tok_s
 
 ROOT = Path(__file__).resolve().parents[2]
