@@ -100,7 +100,7 @@ def _show(rows: list[Any], estimate: dict[str, Any] | None, what: tuple[Any, Any
 
     prof, card, version, flags = what
     current = rows[0]
-    note = calibration_note(card, prof, flags)
+    note = calibration_note(card, prof, flags, version)
     if as_json:
         _print_plan_json(prof.name, card.name, version.label, rows, estimate,
                          (note, launch_needs(prof, flags, version)))

@@ -8,7 +8,10 @@ size is far from every model the entry was fitted on (Granite-Small priced by Ti
 whose router's spread over the experts was never measured — a random router sends a batch to
 few experts or to many depending on its kind (Kimi-Linear's and NemotronH's grouped sigmoid
 router with a correction bias: 0.02 of them; Qwen3.5's softmax: 0.8), and priced as a trained
-router Nemotron-3-Nano-30B-A3B's blind H100 plan ran 38-66 % below the server.
+router Nemotron-3-Nano-30B-A3B's blind H100 plan ran 38-66 % below the server. And the
+experts may run on a kernel no fit ran: with no `--moe-runner-backend`, SGLang 0.5.17 gives an
+unquantized NemotronH on Hopper `flashinfer_cutlass` (release_tables: `cutlass_moe_archs`), whose
+first start on the H100 was still autotuning 480 s after its weights loaded; every fit ran triton.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ from dataclasses import dataclass
 
 from infra.sglang.flags import ServerFlags
 from infra.sglang.profiles import GpuProfile, ModelProfile
+from infra.sglang.release_tables import tables_for
 from infra.sglang.roofline import (
     _calibration_table,
     calibration_for,
     calibration_key,
     dummy_weights,
 )
+from infra.sglang.versions import SGLangVersion
 
 
 @dataclass(frozen=True)
@@ -43,21 +48,31 @@ class CalibrationNote:
     active_params_b: float = 0.0  # this model's
     dummy_routing_unmeasured: bool = False
     architecture: str = ""
+    unmeasured_moe_runner: str = ""  # the runner SGLang picks here that no fit ran
 
     def describe(self) -> str:
-        return self._measured() + (
-            f"; the random-weight router's spread over {self.architecture}'s experts was never "
-            f"measured (dummy weights send a batch to few experts or many), expect "
-            f"±{self.uncertainty:.0%}" if self.dummy_routing_unmeasured else "")
+        said = self._measured()
+        if self.dummy_routing_unmeasured:
+            said += (f"; the random-weight router's spread over {self.architecture}'s experts "
+                     "was never measured (dummy weights send a batch to few experts or many)")
+        if self.unmeasured_moe_runner:
+            said += (f"; SGLang runs its experts on {self.unmeasured_moe_runner} here (no "
+                     "--moe-runner-backend given), a runner no fit measured (its first H100 "
+                     "start autotuned past 8 minutes; --moe-runner-backend triton is measured)")
+        if self.dummy_routing_unmeasured or self.unmeasured_moe_runner:
+            said += f", expect ±{self.uncertainty:.0%}"
+        return said
+
+    def _widened(self) -> bool:
+        return self.dummy_routing_unmeasured or bool(self.unmeasured_moe_runner)
 
     def _measured(self) -> str:
         if self.extrapolated and self.fitted_active_params_b:
             low, high = self.fitted_active_params_b
             return (f"step model measured as {self.key} on models of {low:g}-{high:g} B active "
                     f"parameters, not this one's {self.active_params_b:.3g} B"
-                    + ("" if self.dummy_routing_unmeasured
-                       else f"; expect ±{self.uncertainty:.0%}"))
-        if self.dummy_routing_unmeasured:
+                    + ("" if self._widened() else f"; expect ±{self.uncertainty:.0%}"))
+        if self._widened():
             return f"step model measured as {self.key}"
         if self.calibrated:
             return f"step model measured as {self.key} (expect ±{self.uncertainty:.0%})"
@@ -85,8 +100,8 @@ def fitted_sizes() -> dict[str, tuple[float, float]]:
             for key, v in raw.items() if "active_params_b" in v}
 
 
-def calibration_note(gpu: GpuProfile, model: ModelProfile,
-                     flags: ServerFlags | None = None) -> CalibrationNote:
+def calibration_note(gpu: GpuProfile, model: ModelProfile, flags: ServerFlags | None = None,
+                     version: SGLangVersion | None = None) -> CalibrationNote:
     """Calibrated when the constants were fitted on this model's kind: its MoE entry for an
     MoE, its family's for a dense-MLP hybrid (the GPU's own for GDN: fitted on the 27B).
     Extrapolated when that entry's models were all much smaller or larger than this one.
@@ -103,10 +118,27 @@ def calibration_note(gpu: GpuProfile, model: ModelProfile,
     routing = (model.moe is not None and flags is not None and dummy_weights(flags)
                and model.architecture not in dict(calibration_for(gpu, model)
                                                   .dummy_routed_spread))
+    runner = default_moe_runner(gpu, model, flags, version)
     uncertainty = ((EXTRAPOLATED_ERROR if far else CALIBRATED_ERROR) if measured
                    else UNCALIBRATED_ERROR)
     return CalibrationNote(key or "the seeds' RTX PRO 6000 fit", measured,
-                           UNCALIBRATED_ERROR if routing else uncertainty,
+                           UNCALIBRATED_ERROR if routing or runner else uncertainty,
                            borrowed=key is not None and not here, fitted_active_params_b=sizes,
                            extrapolated=measured and far, active_params_b=model.active_params_b,
-                           dummy_routing_unmeasured=routing, architecture=model.architecture)
+                           dummy_routing_unmeasured=routing, architecture=model.architecture,
+                           unmeasured_moe_runner=runner)
+
+
+def default_moe_runner(gpu: GpuProfile, model: ModelProfile, flags: ServerFlags | None,
+                       version: SGLangVersion | None) -> str:
+    """"flashinfer_cutlass" where the release's override for this architecture picks it (an
+    unquantized checkpoint, no --moe-runner-backend, a Hopper GPU: the branch before SM100's
+    trtllm), else "" (the fused triton kernels every fit ran)."""
+    if model.moe is None or flags is None or version is None or gpu.generation != "hopper":
+        return ""
+    tables = tables_for(version)
+    named = any(a.startswith("--moe-runner-backend") for a in flags.extra_args)
+    if (tables is None or named or model.quantized
+            or model.architecture not in tables.cutlass_moe_archs):
+        return ""
+    return "flashinfer_cutlass"

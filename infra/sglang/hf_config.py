@@ -224,6 +224,7 @@ def profile_from_hf_config(path: Path, weights_gib: float | None = None) -> Mode
         mla_kv_dim=state.mla_kv_dim if state else 0,
         vocab_size=_vocab_size(cfg, raw),
         moe=moe,
+        quantized="quantization_config" in raw or "quantization_config" in cfg,
     )
 
 

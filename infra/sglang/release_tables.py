@@ -11,6 +11,11 @@ serves it), so the tables come from the release: `python -m infra.sglang.release
 WHEEL_OR_OVERRIDES_PY...` extracts them (by parsing, not importing: no torch needed) into
 `data/mamba_cache_tables.json`, and a test keeps that file equal to what the extractor reads
 from the releases' sources kept in `tests/fixtures/sglang-source/`.
+
+The same file says which architectures run their experts on `flashinfer_cutlass` when no
+`--moe-runner-backend` is given (an arch-registered override function that assigns it:
+0.5.17's `_nemotron_h_overrides`, for an unquantized NemotronH before SM100; 0.5.23 has none):
+a runner no step fit ran, whose first start on an H100 autotuned for over 8 minutes.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class MambaCacheTables:
     radix_cache_archs: frozenset[str]
     extra_buffer_archs: frozenset[str]
     extra_buffer_linear_backend: str
+    cutlass_moe_archs: frozenset[str] = frozenset()
 
     def uses_radix_cache(self, architecture: str) -> bool:
         return architecture in self.radix_cache_archs
@@ -62,11 +68,29 @@ def extract(source: str, release: str) -> MambaCacheTables:
         if isinstance(node, ast.FunctionDef) and node.name == "supports_mamba_cache_extra_buffer":
             backend = _compared_backend(node)
     missing = [name for name, key in _NAMES.items() if key not in found]
+    cutlass = frozenset(a for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+                        and _assigns_cutlass_runner(node) for a in _registered_archs(node))
     if missing or not backend:
         raise ValueError(f"sglang {release}: {OVERRIDES_PATH} has no {missing or 'backend check'}"
                          "; its mamba cache resolution changed — model it before planning it")
     return MambaCacheTables(release, found["radix_cache_archs"], found["extra_buffer_archs"],
-                            backend)
+                            backend, cutlass)
+
+
+def _registered_archs(func: ast.FunctionDef) -> list[str]:
+    """The architectures an override function is registered for (`@_register_for(...)`)."""
+    return [str(ast.literal_eval(arg)) for dec in func.decorator_list
+            if isinstance(dec, ast.Call) and getattr(dec.func, "id", "") == "_register_for"
+            for arg in dec.args]
+
+
+def _assigns_cutlass_runner(func: ast.FunctionDef) -> bool:
+    """Whether the function sets `overrides["moe_runner_backend"] = "flashinfer_cutlass"`."""
+    return any(isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+               and node.value.value == "flashinfer_cutlass"
+               and isinstance(node.targets[0], ast.Subscript)
+               and ast.unparse(node.targets[0].slice) == "'moe_runner_backend'"
+               for node in ast.walk(func))
 
 
 def _compared_backend(func: ast.FunctionDef) -> str:
@@ -104,7 +128,8 @@ def known_tables() -> dict[str, MambaCacheTables]:
     raw = json.loads(TABLES_FILE.read_text())
     return {release: MambaCacheTables(release, frozenset(t["radix_cache_archs"]),
                                       frozenset(t["extra_buffer_archs"]),
-                                      t["extra_buffer_linear_backend"])
+                                      t["extra_buffer_linear_backend"],
+                                      frozenset(t.get("cutlass_moe_archs", ())))
             for release, t in raw.items()}
 
 
@@ -125,6 +150,7 @@ def write_tables(sources: list[tuple[str, Path]]) -> dict[str, object]:
         data[release] = {"radix_cache_archs": sorted(t.radix_cache_archs),
                          "extra_buffer_archs": sorted(t.extra_buffer_archs),
                          "extra_buffer_linear_backend": t.extra_buffer_linear_backend,
+                         "cutlass_moe_archs": sorted(t.cutlass_moe_archs),
                          "source": f"sglang {release} {OVERRIDES_PATH}"}
     return data
 

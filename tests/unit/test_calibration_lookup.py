@@ -102,3 +102,34 @@ def test_an_moe_whose_dummy_router_no_run_measured_is_unsure_under_dummy_weights
         "to few experts or many), expect ±50%")
     with_real = calibration_note(h100, puzzle, real)
     assert not with_real.dummy_routing_unmeasured and with_real.uncertainty == 0.15
+
+
+def test_a_nemotron_moe_left_to_sglangs_default_runner_is_unmeasured_on_0517() -> None:
+    """With no --moe-runner-backend, 0.5.17 runs an unquantized NemotronH's experts on
+    flashinfer_cutlass on Hopper (the device's first such server was still autotuning 480 s
+    after loading); every fit ran triton. Named triton, on 0.5.23, quantized, or another
+    architecture, the plan is as sure as its fit."""
+    h100, v0523 = gpu_profile("h100"), parse_version("0.5.23")
+    default = parse_server_flags([], V0517)
+    note = calibration_note(h100, NEMOTRON_30B, default, V0517)
+    assert note.unmeasured_moe_runner == "flashinfer_cutlass" and note.uncertainty == 0.5
+    assert "runs its experts on flashinfer_cutlass here" in note.describe()
+    assert note.describe().endswith("expect ±50%")
+    triton = parse_server_flags(["--moe-runner-backend", "triton"], V0517)
+    for sure in (calibration_note(h100, NEMOTRON_30B, triton, V0517),
+                 calibration_note(h100, NEMOTRON_30B, default, v0523),
+                 calibration_note(h100, replace(NEMOTRON_30B, quantized=True), default, V0517),
+                 calibration_note(h100, GRANITE_SMALL, default, V0517)):
+        assert not sure.unmeasured_moe_runner and sure.uncertainty == 0.15
+
+
+def test_a_config_with_a_quantization_config_reads_as_quantized(tmp_path: Path) -> None:
+    """SGLang's override branches on model_config.quantization, which a checkpoint's
+    `quantization_config` sets: the profile carries whether there is one."""
+    import json
+
+    config = json.loads((MODELS / "nemotron-3-nano-30b-a3b" / "config.json").read_text())
+    assert not model_profile(str(MODELS / "nemotron-3-nano-30b-a3b"), 58.82).quantized
+    (tmp_path / "config.json").write_text(json.dumps(
+        {**config, "quantization_config": {"quant_method": "fp8"}}))
+    assert model_profile(str(tmp_path), 31.0).quantized

@@ -57,3 +57,14 @@ def test_explicit_extra_buffer_is_checked_only_where_the_release_checks_it() -> 
     with pytest.raises(PoolsDoNotFit, match="extra_buffer is not supported for Lfm2ForCausalLM"):
         plan_memory(lfm2, H200, ServerFlags(mamba_strategy="extra_buffer"),
                     parse_version("0.5.17"))
+
+
+def test_which_architectures_default_to_the_cutlass_moe_runner_is_read_per_release() -> None:
+    """0.5.17's `_nemotron_h_overrides` (registered for both NemotronH architectures) gives an
+    unquantized checkpoint flashinfer_cutlass before SM100; 0.5.23 dropped that branch."""
+    def archs(release: str) -> frozenset[str]:
+        return extract(read_overrides(SOURCES / f"overrides-{release}.py.gz"),
+                       release).cutlass_moe_archs
+
+    assert archs("0.5.17") == {"NemotronHForCausalLM", "NemotronHPuzzleForCausalLM"}
+    assert archs("0.5.23") == frozenset()
