@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import json
 import sys
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from infra.sglang.memory import plan_memory
-from infra.sim.predict import Workload, committed_tok_s
+from infra.sim.predict import Workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "real_sglang"))
 import fit_h100 as fit
+from h100_runs import only_run, planned, servers
 
 FOLDER = "2026-12-07-h100-s33"
 WAVES = ((FOLDER, "gsw"), (FOLDER, "gsw2"))
@@ -37,27 +37,13 @@ BLIND = fit.ROOT / "bench" / "real_sglang" / "plans" / \
     "blind_granite_small_h100_waves.predicted-h100.json"
 
 
-@cache
-def servers(parts: tuple[tuple[str, str], ...] = WAVES + LONG_RUNS) -> tuple[dict[str, Any], ...]:
-    return tuple(fit.servers(parts))
-
-
-def planned(rec: dict[str, Any], workload: Workload) -> float:
-    return committed_tok_s(SMALL, fit.H100, fit.server_flags(rec["flags"]), fit.V0517, workload)
-
-
-def only_run(rec: dict[str, Any]) -> dict[str, Any]:
-    (run,) = rec["runs"]
-    return dict(run)
-
-
 def blind_record(name: str) -> dict[str, Any]:
     return dict(next(p for p in json.loads(BLIND.read_text()) if p["server"] == name))
 
 
 def test_every_server_answered_everything_it_was_sent() -> None:
-    assert len(servers()) == 6
-    for rec in servers():
+    assert len(servers(WAVES + LONG_RUNS)) == 6
+    for rec in servers(WAVES + LONG_RUNS):
         run = only_run(rec)
         assert run["errors"] == 0 and run["answered"] > 0
         if run["workload"] == "fixed":
@@ -66,7 +52,7 @@ def test_every_server_answered_everything_it_was_sent() -> None:
 
 @pytest.mark.parametrize("index", range(6))
 def test_pools_cap_exact_slots_within_one_kv_within_1_percent(index: int) -> None:
-    rec = servers()[index]
+    rec = servers(WAVES + LONG_RUNS)[index]
     plan = plan_memory(fit.loaded_model(rec["model"]), fit.H100, fit.server_flags(rec["flags"]),
                        fit.V0517)
     assert plan.max_running_requests == rec["max_running_requests"]

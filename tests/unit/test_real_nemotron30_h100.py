@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import sys
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +26,11 @@ import pytest
 from infra.sglang.calibration_note import calibration_note
 from infra.sglang.memory import plan_memory
 from infra.sglang.roofline import calibration_for
-from infra.sim.predict import Workload, committed_tok_s
+from infra.sim.predict import Workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "real_sglang"))
 import fit_h100 as fit
+from h100_runs import only_run, planned, servers
 
 FOLDER = "2026-12-07-h100-s34"
 WAVES = ((FOLDER, "nhw2"),)
@@ -40,20 +40,6 @@ MODEL = fit.step_model(NAME)
 WAVE = Workload(1024, 256)
 LONG = Workload(1152, 2000, 12000)  # probe_long's long mixed: prompts 256-2,048, mean 2,000
 PLANS = fit.ROOT / "bench" / "real_sglang" / "plans"
-
-
-@cache
-def servers(parts: tuple[tuple[str, str], ...]) -> tuple[dict[str, Any], ...]:
-    return tuple(fit.servers(parts))
-
-
-def planned(rec: dict[str, Any], workload: Workload) -> float:
-    return committed_tok_s(MODEL, fit.H100, fit.server_flags(rec["flags"]), fit.V0517, workload)
-
-
-def only_run(rec: dict[str, Any]) -> dict[str, Any]:
-    (run,) = rec["runs"]
-    return dict(run)
 
 
 def blind_record(name: str, plan: str = "waves") -> dict[str, Any]:
