@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.sglang.profiles import model_profile
+from infra.sglang.calibration_note import default_moe_runner
+from infra.sglang.flag_parser import parse_server_flags
+from infra.sglang.profiles import gpu_profile, model_profile
 from infra.sglang.strategy import uses_radix_cache
 from infra.sglang.versions import parse_version
 
@@ -46,3 +48,18 @@ def test_an_explicit_no_buffer_disables_the_overlap_schedule(where: str, server:
         pytest.skip(f"{server['model']}: its config is only in the device runtime")
     if uses_radix_cache(model_profile(str(folder), 1.0), V0517):  # weights: no matter
         assert "--disable-overlap-schedule" in flags, where
+
+
+@pytest.mark.parametrize(("where", "server"), servers(), ids=[w for w, _ in servers()])
+def test_no_plan_leaves_its_experts_to_a_runner_no_fit_measured(where: str, server: dict) -> None:
+    """A NemotronH MoE with no `--moe-runner-backend` runs flashinfer_cutlass on 0.5.17
+    (`_nemotron_h_overrides`, srt/arg_groups/overrides.py): the device's first such server was
+    still autotuning 480 s after its weights loaded (data/2026-12-07-h100-s34/nhw.tar.gz)."""
+    folder = config_of(server["model"])
+    if folder is None:
+        pytest.skip(f"{server['model']}: its config is only in the device runtime")
+    flags = parse_server_flags([f for f in server["flags"] if f != "--skip-tokenizer-init"],
+                               V0517)
+    for gpu in ("h100", "h200"):
+        assert not default_moe_runner(gpu_profile(gpu), model_profile(str(folder), 1.0), flags,
+                                      V0517), where
