@@ -105,8 +105,9 @@ def calibration_note(gpu: GpuProfile, model: ModelProfile, flags: ServerFlags | 
     """Calibrated when the constants were fitted on this model's kind: its MoE entry for an
     MoE, its family's for a dense-MLP hybrid (the GPU's own for GDN: fitted on the 27B).
     Extrapolated when that entry's models were all much smaller or larger than this one.
-    Unmeasured dummy routing (with `flags` that load random weights) is as unsure as no
-    calibration at all: the blind Nemotron-30B plan was off by more than any other cause."""
+    Unmeasured dummy routing (with `flags` that load random weights) and a MoE runner no fit
+    ran (with `flags` and `version`) are as unsure as no calibration at all: the blind
+    Nemotron-30B plan was off by more than any other cause."""
     key = calibration_key(gpu, model)
     own = (f"{gpu.name}/{model.family}",
            gpu.name if model.family == "gdn" else f"{gpu.name}/{model.family}")
