@@ -129,7 +129,7 @@ def known_tables() -> dict[str, MambaCacheTables]:
     return {release: MambaCacheTables(release, frozenset(t["radix_cache_archs"]),
                                       frozenset(t["extra_buffer_archs"]),
                                       t["extra_buffer_linear_backend"],
-                                      frozenset(t.get("cutlass_moe_archs", ())))
+                                      frozenset(t["cutlass_moe_archs"]))
             for release, t in raw.items()}
 
 
