@@ -4,6 +4,7 @@ dense family fit, then the GPU's own entry — and what `expansion plan` says ab
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -77,8 +78,7 @@ def test_granite_small_against_a_tiny_only_fit_is_extrapolated(
     assert note.extrapolated and note.uncertainty == 0.25
 
 
-NEMOTRON_30B = model_profile(str(Path(__file__).resolve().parents[2] / "bench" / "real_sglang"
-                                 / "models" / "nemotron-3-nano-30b-a3b"), 58.82)
+NEMOTRON_30B = model_profile(str(MODELS / "nemotron-3-nano-30b-a3b"), 58.82)
 DUMMY = ("--load-format", "dummy")
 V0517 = parse_version("0.5.17")
 
@@ -126,8 +126,6 @@ def test_a_nemotron_moe_left_to_sglangs_default_runner_is_unmeasured_on_0517() -
 def test_a_config_with_a_quantization_config_reads_as_quantized(tmp_path: Path) -> None:
     """SGLang's override branches on model_config.quantization, which a checkpoint's
     `quantization_config` sets: the profile carries whether there is one."""
-    import json
-
     config = json.loads((MODELS / "nemotron-3-nano-30b-a3b" / "config.json").read_text())
     assert not model_profile(str(MODELS / "nemotron-3-nano-30b-a3b"), 58.82).quantized
     (tmp_path / "config.json").write_text(json.dumps(

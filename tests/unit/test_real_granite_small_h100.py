@@ -30,7 +30,6 @@ FOLDER = "2026-12-07-h100-s33"
 WAVES = ((FOLDER, "gsw"), (FOLDER, "gsw2"))
 LONG_RUNS = ((FOLDER, "gsl"), (FOLDER, "gsle"))
 DEFAULT_FLAGS = (("2026-12-06-h100-s28", "gra"),)  # test_real_granite_small.py's server
-SMALL = fit.step_model("granite-4.0-h-small")
 WAVE = Workload(1024, 256)
 LONG = Workload(1152, 2000, 12000)  # probe_long's long mixed: prompts 256-2,048, mean 2,000
 BLIND = fit.ROOT / "bench" / "real_sglang" / "plans" / \
