@@ -238,7 +238,8 @@ def moe_shape(cfg: dict[str, Any], arch: str) -> MoeShape | None:
     `moe_intermediate_size`, `shared_expert_intermediate_size`, every layer but
     `mlp_only_layers`), DeepSeek-style Kimi-Linear (`first_k_dense_replace` dense layers,
     `num_shared_experts` of the routed size), NemotronH (the pattern's `E` layers, squared-ReLU
-    experts: two matrices, not three), Granite (`num_local_experts`). None: dense MLPs."""
+    experts: two matrices, not three), Granite (`num_local_experts`), LFM2-MoE (`num_dense_layers`
+    dense layers first). None: dense MLPs."""
     experts = int(cfg.get("num_experts") or cfg.get("n_routed_experts")
                   or cfg.get("num_local_experts") or 0)
     top_k = int(cfg.get("num_experts_per_tok") or cfg.get("num_experts_per_token") or 0)
@@ -252,14 +253,20 @@ def moe_shape(cfg: dict[str, Any], arch: str) -> MoeShape | None:
         moe_layers, matrices = nemotron_pattern(cfg).count("E"), 2
         shared = int(cfg.get("moe_shared_expert_intermediate_size") or 0)
     else:
-        moe_layers = (layers - int(cfg.get("first_k_dense_replace") or 0)
-                      - len(cfg.get("mlp_only_layers") or []))
+        moe_layers = layers - _dense_lead_layers(cfg) - len(cfg.get("mlp_only_layers") or [])
         shared = int(cfg.get("shared_expert_intermediate_size")
                      or int(cfg.get("num_shared_experts") or cfg.get("n_shared_experts") or 0)
                      * inter)
     return MoeShape(num_experts=experts, top_k=top_k, moe_layers=moe_layers,
                     expert_params=matrices * hidden * inter,
                     shared_params=matrices * hidden * shared)
+
+
+def _dense_lead_layers(cfg: dict[str, Any]) -> int:
+    """The dense-MLP layers before the first MoE one: DeepSeek-style `first_k_dense_replace`
+    (Kimi-Linear), LFM2-MoE's `num_dense_layers` (`Lfm2MoeDecoderLayer`: layer_id <
+    config.num_dense_layers in srt/models/lfm2_moe.py)."""
+    return int(cfg.get("first_k_dense_replace") or cfg.get("num_dense_layers") or 0)
 
 
 def _active_params_b(weights_gib: float, moe: MoeShape | None) -> float:

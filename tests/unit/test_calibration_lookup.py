@@ -131,3 +131,13 @@ def test_a_config_with_a_quantization_config_reads_as_quantized(tmp_path: Path) 
     (tmp_path / "config.json").write_text(json.dumps(
         {**config, "quantization_config": {"quant_method": "fp8"}}))
     assert model_profile(str(tmp_path), 31.0).quantized
+
+
+def test_lfm2_moe_reads_its_leading_dense_layers_as_sglang_does() -> None:
+    """`Lfm2MoeDecoderLayer` builds a dense MLP below `num_dense_layers` (srt/models/
+    lfm2_moe.py): LFM2-8B-A1B has 22 MoE layers, not 24, and 1.56 B active parameters (all
+    24 counted as MoE put it at 0.94 B, more experts than its weights hold)."""
+    lfm2_moe = model_profile(str(MODELS / "lfm2-8b-a1b"), 15.53)
+    assert lfm2_moe.moe is not None
+    assert lfm2_moe.moe.moe_layers == 22
+    assert lfm2_moe.active_params_b == pytest.approx(1.555, abs=0.01)
