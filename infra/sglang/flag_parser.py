@@ -46,8 +46,10 @@ def _scalar(annotation: Any) -> tuple[type, tuple[str, ...] | None]:
     return annotation, None
 
 
-def _release_flags(items: list[str], version: SGLangVersion | None) -> tuple[str, ...]:
+def release_extra_args(items: list[str], version: SGLangVersion | None) -> tuple[str, ...]:
     """The argv items left over, checked against the release's own flag table."""
+    if not items:
+        return ()
     found = flags_for(version) if version is not None else None
     if found is None:
         raise ValueError(f"{items[0]}: not a server flag the memory model knows; "
@@ -124,5 +126,5 @@ def parse_server_flags(argv: list[str], version: SGLangVersion | None = None) ->
     carried = tuple(item for name in MODELLED_IN_EXTRA_ARGS for value in getattr(namespace, name)
                     for item in (name, value))
     if unknown:
-        carried += _release_flags(unknown, version)
+        carried += release_extra_args(unknown, version)
     return flags_from(namespace, **({"extra_args": carried} if carried else {}))

@@ -225,7 +225,25 @@ def profile_from_hf_config(path: Path, weights_gib: float | None = None) -> Mode
         vocab_size=_vocab_size(cfg, raw),
         moe=moe,
         quantized="quantization_config" in raw or "quantization_config" in cfg,
+        eos_token_ids=eos_token_ids(raw, path.parent / "generation_config.json"),
     )
+
+
+def eos_token_ids(raw: dict[str, Any], generation: Path) -> tuple[int, ...]:
+    """The config's `eos_token_id` (an int or a list) first, then generation_config.json's:
+    the set SGLang stops on (ModelConfig._get_hf_eos_token_id in srt/configs/model_config.py)."""
+    found: list[int] = []
+    sources = [raw.get("eos_token_id", raw.get("text_config", {}).get("eos_token_id"))]
+    if generation.is_file():
+        try:
+            sources.append(json.loads(generation.read_text()).get("eos_token_id"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"model: cannot read {generation}: {exc}") from exc
+    for value in sources:
+        for token in [value] if isinstance(value, int) else value or []:
+            if isinstance(token, int) and token not in found:
+                found.append(token)
+    return tuple(found)
 
 
 def _vocab_size(cfg: dict[str, Any], raw: dict[str, Any]) -> int | None:

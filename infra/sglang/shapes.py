@@ -84,6 +84,7 @@ class ModelProfile:
     mla_kv_dim: int = 0  # MLA (Kimi-Linear): kv_lora_rank + qk_rope_head_dim per token and layer
     moe: MoeShape | None = None  # None: dense MLPs
     quantized: bool = False  # the checkpoint names a quantization_config (SGLang reads it)
+    eos_token_ids: tuple[int, ...] = ()  # what ends an answer (none known: a built-in)
     # Token ids a request may carry (config `vocab_size`; None: unknown). Real SGLang 0.5.17's
     # scheduler dies on an id at or above it ("device-side assert triggered").
     vocab_size: int | None = None

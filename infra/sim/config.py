@@ -15,8 +15,9 @@ from pathlib import Path
 
 import yaml
 
-from infra.sglang.flag_parser import add_server_flags, flags_from
+from infra.sglang.flag_parser import add_server_flags, flags_from, release_extra_args
 from infra.sglang.flags import ServerFlags
+from infra.sglang.versions import parse_version
 
 
 @dataclass(frozen=True)
@@ -134,14 +135,17 @@ def parse_sim_args(argv: list[str], env: dict[str, str] | None = None) -> SimCon
     raised the graphs."""
     env = dict(os.environ) if env is None else env
     ns, unknown = _parser().parse_known_args(merge_config_file(argv))
-    flags = flags_from(ns, extra_args=tuple(unknown))
+    version = env.get("EXPANSION_SIM_SGLANG_VERSION", "0.5.23")
+    # SGLang's argparse exits on a flag it does not have; carrying one would serve as if it
+    # meant something
+    flags = flags_from(ns, extra_args=release_extra_args(unknown, parse_version(version)))
     faults_raw = env.get("EXPANSION_SIM_FAULTS")
     faults = Faults(**json.loads(faults_raw)) if faults_raw else Faults()
     accept = env.get("EXPANSION_SIM_ACCEPT_LEN")
     return SimConfig(
         model=ns.model_path, host=ns.host, port=ns.port, api_key=ns.api_key, flags=flags,
         gpu=env.get("EXPANSION_SIM_GPU", "rtx-pro-6000"),
-        version=env.get("EXPANSION_SIM_SGLANG_VERSION", "0.5.23"),
+        version=version,
         time_scale=float(env.get("EXPANSION_SIM_TIME_SCALE", "1")),
         startup_s=float(env["EXPANSION_SIM_STARTUP_S"]) if env.get("EXPANSION_SIM_STARTUP_S")
         else None,

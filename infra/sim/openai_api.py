@@ -20,7 +20,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from infra.sim.constrained import output_controls
 from infra.sim.native_api import is_ids
-from infra.sim.text import EOS_TOKEN_ID
 
 # Fields that would change the answer's length or shape, which the simulator cannot honour.
 UNSUPPORTED = ("stop_token_ids", "logprobs", "top_logprobs", "echo", "suffix",
@@ -151,7 +150,8 @@ async def _stream(outs: list[dict[str, Any]], chat: bool, model: str,
                                     if chat else {"text": piece})
             choice = {"index": index, **part, "logprobs": None,
                       "finish_reason": reason if last else None,
-                      "matched_stop": EOS_TOKEN_ID if last and reason == "stop" else None}
+                      "matched_stop": out["meta_info"]["finish_reason"].get("matched")
+                      if last and reason == "stop" else None}
             chunk = {"id": rid, "object": kind, "created": created, "model": model,
                      "choices": [choice], "usage": None}
             yield f"data: {json.dumps(chunk)}\n\n"

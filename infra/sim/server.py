@@ -57,8 +57,11 @@ class SimServer:
     """State shared by the HTTP handlers."""
 
     def __init__(self, cfg: SimConfig, plan: MemoryPlan, scheduler: SimScheduler,
-                 vocab_size: int | None = None) -> None:
+                 vocab_size: int | None = None, eos_token_ids: tuple[int, ...] = ()) -> None:
         self.cfg = cfg
+        # the token an answer that stops on EOS matched: the model's own (a built-in profile
+        # names none: Qwen's <|im_end|>, the tokenizer of every built-in)
+        self.eos_token_id = eos_token_ids[0] if eos_token_ids else EOS_TOKEN_ID
         self.plan = plan
         self.scheduler = scheduler
         self.failures = Failures(cfg.faults, cfg.seed, vocab_size)
@@ -110,7 +113,8 @@ class SimServer:
                                                max_new, request)
         latency = time.monotonic() - started
         self.failures.after_completion()
-        matched = result.matched_stop if result.matched_stop is not None else EOS_TOKEN_ID
+        matched = (result.matched_stop if result.matched_stop is not None
+                   else self.eos_token_id)
         finish: dict[str, Any] = ({"type": "stop", "matched": matched}
                                   if result.finish_reason == "stop"
                                   else {"type": "length", "length": result.completion_tokens})
@@ -346,7 +350,7 @@ def main(argv: list[str] | None = None) -> None:
                         enabled=not cfg.flags.disable_radix_cache)
     scheduler = SimScheduler(plan, roofline, cfg.time_scale, log, SchedulerOptions(
         cfg.decode_log_interval, prefix_state, cache=cache, speed=degraded_speed(cfg, first_start)))
-    server = SimServer(cfg, plan, scheduler, model.vocab_size)
+    server = SimServer(cfg, plan, scheduler, model.vocab_size, model.eos_token_ids)
     modeled = delay * cfg.time_scale  # /metrics speaks modeled GPU seconds
     server.startup_phases = {
         "load_weight": model.weights_gib / WEIGHT_LOAD_GIB_S, "kv_cache_allocation": 0.03,

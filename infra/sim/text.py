@@ -16,7 +16,10 @@ _WORDS = (
     "kernel graph prompt answer reason step because therefore which while data train "
     "example value result first second then finally note consider also more less "
 ).split()
-EOS_TOKEN_ID = 151645
+EOS_TOKEN_ID = 151645  # Qwen's <|im_end|>: a built-in profile's; a config folder names its own
+# a JSON answer's ids: one below every vocabulary, as the words' are (real SGLang dies on an id
+# at or past the model's vocab_size, and a client may feed answers back as prompts)
+JSON_TOKEN_ID = len(_WORDS)
 
 
 @dataclass(frozen=True)
@@ -81,5 +84,5 @@ def _json_completion(schema: dict[str, object], rng: random.Random, max_new: int
     tokens = count_prompt_tokens(text)
     if tokens > max_new:
         text = text[: max_new * 4]
-        return Completion(text, [EOS_TOKEN_ID - 1] * max_new, max_new, "length")
-    return Completion(text, [EOS_TOKEN_ID - 1] * tokens, tokens, "stop")
+        return Completion(text, [JSON_TOKEN_ID] * max_new, max_new, "length")
+    return Completion(text, [JSON_TOKEN_ID] * tokens, tokens, "stop")

@@ -108,6 +108,36 @@ def test_flags_that_do_not_fit_refuse_to_start() -> None:
     assert "mem_fraction_static=0.500 leaves no memory" in proc.stdout
 
 
+def test_a_flag_the_release_does_not_have_refuses_to_start() -> None:
+    """SGLang's argparse exits on it; a simulator that carried `--gpu h100` would serve as if
+    the flag meant something (here: nothing, on the default GPU)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "infra.sim", "--model-path", "Qwen/Qwen3.6-27B",
+         "--port", "1", "--gpu", "h100"],
+        capture_output=True, text=True, timeout=60,
+        env={"EXPANSION_SIM_STARTUP_S": "0", "PATH": "/usr/bin:/bin"},
+        cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 1
+    assert "--gpu: not a flag SGLang 0.5.17 accepts" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_an_answer_stops_on_the_models_own_eos_with_ids_inside_its_vocabulary(
+        sim_fleet) -> None:
+    """LFM2-8B-A1B's EOS is 7 and its vocabulary 65,536: Qwen's 151,645 would be a token it
+    cannot emit (ModelConfig._get_hf_eos_token_id reads config and generation config)."""
+    folder = Path(__file__).resolve().parents[2] / "bench/real_sglang/models/lfm2-8b-a1b"
+    (h,) = sim_fleet(1, model=str(folder), weights_gib=15.53, **{"sim.gpu": "h100"})
+    finishes, ids = [], []
+    for i in range(12):
+        body = httpx.post(f"{h.url}/generate", json={
+            "text": f"prompt {i}", "sampling_params": {"max_new_tokens": 24}}).json()
+        finishes.append(body["meta_info"]["finish_reason"])
+        ids += body["output_ids"]
+    stops = [f for f in finishes if f["type"] == "stop"]
+    assert stops and all(f["matched"] == 7 for f in stops)
+    assert ids and max(ids) < 65536
+
+
 def test_startup_failure_is_reported_with_the_log_tail(sim_fleet) -> None:
     handles = sim_fleet(1, wait=False, **{"sim.faults": {"fail_start": "oom"}})
     try:
