@@ -49,12 +49,17 @@ class CalibrationNote:
     dummy_routing_unmeasured: bool = False
     architecture: str = ""
     unmeasured_moe_runner: str = ""  # the runner SGLang picks here that no fit ran
+    biased_router: bool = False  # its unmeasured spread is priced as top-k alone
 
     def describe(self) -> str:
         said = self._measured()
         if self.dummy_routing_unmeasured:
             said += (f"; the random-weight router's spread over {self.architecture}'s experts "
-                     "was never measured (dummy weights send a batch to few experts or many)")
+                     "was never measured " + (
+                         "(it adds a per-expert bias, so every token is priced on the same "
+                         "top-k experts, as Kimi-Linear's and NemotronH's ran)"
+                         if self.biased_router else
+                         "(dummy weights send a batch to few experts or many)"))
         if self.unmeasured_moe_runner:
             said += (f"; SGLang runs its experts on {self.unmeasured_moe_runner} here (no "
                      "--moe-runner-backend given), a runner no fit measured (its first H100 "
@@ -72,13 +77,14 @@ class CalibrationNote:
             return (f"step model measured as {self.key} on models of {low:g}-{high:g} B active "
                     f"parameters, not this one's {self.active_params_b:.3g} B"
                     + ("" if self._widened() else f"; expect ±{self.uncertainty:.0%}"))
-        if self._widened():
-            return f"step model measured as {self.key}"
+        widened = self._widened()  # describe() then gives the bound after the causes
         if self.calibrated:
-            return f"step model measured as {self.key} (expect ±{self.uncertainty:.0%})"
+            return (f"step model measured as {self.key}"
+                    + ("" if widened else f" (expect ±{self.uncertainty:.0%})"))
         return (f"step model not measured for this family on this GPU (nearest: {self.key}"
-                f"{', a GPU of its generation' if self.borrowed else ''}); "
-                f"expect ±{self.uncertainty:.0%} until a run measures it")
+                f"{', a GPU of its generation' if self.borrowed else ''})"
+                + ("" if widened else
+                   f"; expect ±{self.uncertainty:.0%} until a run measures it"))
 
 
 CALIBRATED_ERROR = 0.15  # the device checks' bound (tests/unit/test_real_*.py)
@@ -127,6 +133,7 @@ def calibration_note(gpu: GpuProfile, model: ModelProfile, flags: ServerFlags | 
                            borrowed=key is not None and not here, fitted_active_params_b=sizes,
                            extrapolated=measured and far, active_params_b=model.active_params_b,
                            dummy_routing_unmeasured=routing, architecture=model.architecture,
+                           biased_router=bool(routing and model.moe and model.moe.biased_router),
                            unmeasured_moe_runner=runner)
 
 

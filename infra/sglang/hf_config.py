@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from infra.sglang.router_tables import biased_router
 from infra.sglang.shapes import GIB, MambaShape, ModelProfile, MoeShape
 
 # Fields that only a model with state layers has: seen in a config no reader claims, they
@@ -277,7 +278,8 @@ def moe_shape(cfg: dict[str, Any], arch: str) -> MoeShape | None:
                      * inter)
     return MoeShape(num_experts=experts, top_k=top_k, moe_layers=moe_layers,
                     expert_params=matrices * hidden * inter,
-                    shared_params=matrices * hidden * shared)
+                    shared_params=matrices * hidden * shared,
+                    biased_router=biased_router(arch, cfg))
 
 
 def _dense_lead_layers(cfg: dict[str, Any]) -> int:

@@ -94,8 +94,9 @@ def evaluate(label: str, model: ModelProfile, gpu: GpuProfile, flags: ServerFlag
 
 
 def candidate_flags(model: ModelProfile, flags: ServerFlags, current: MemoryPlan | None,
-                    ) -> list[tuple[str, ServerFlags]]:
-    """(label, flags) for each single-lever move that makes sense for this model."""
+                    kv_per_request: int | None = None) -> list[tuple[str, ServerFlags]]:
+    """(label, flags) for each single-lever move that makes sense for this model; with the
+    KV tokens a running request holds, a cap raised to what the pools hold counts them."""
     out: list[tuple[str, ServerFlags]] = []
     ratio = flags.mamba_full_memory_ratio or 0.9
     m = flags.mem_fraction_static or (current.mem_fraction_static if current else 0.85)
@@ -134,12 +135,27 @@ def candidate_flags(model: ModelProfile, flags: ServerFlags, current: MemoryPlan
                 speculative_algorithm="EAGLE", speculative_num_steps=3,
                 speculative_eagle_topk=1)))
     if current is not None and current.binding_limit == "requested":
-        room = min(c for c in (current.mamba_cap, current.token_cap) if c is not None)
-        out.append((f"max_running_requests {flags.max_running_requests}→{room} (what the "
-                    "pools hold)", flags.with_changes(max_running_requests=room)))
+        out += _cap_to_the_pools(flags, current, kv_per_request)
     if model.hybrid:
         out += _write_up_fix(flags, m, current)
     return out
+
+
+def _cap_to_the_pools(flags: ServerFlags, current: MemoryPlan, kv_per_request: int | None,
+                      ) -> list[tuple[str, ServerFlags]]:
+    """The requested cap raised to what the pools hold: the mamba slots' and the scheduler's
+    token bound, and, for a known workload, the requests whose KV the pool carries (LFM2's
+    conv slots hold 57,053 requests where its KV holds 1,782 of 1,280 tokens). None where
+    that is no more than the cap already is."""
+    room = min(c for c in (current.mamba_cap, current.token_cap) if c is not None)
+    held = ""
+    if kv_per_request:
+        room = min(room, current.max_total_num_tokens // kv_per_request)
+        held = f" at {kv_per_request:,} tokens a request"
+    if room <= current.max_running_requests:
+        return []
+    return [(f"max_running_requests {current.max_running_requests}→{room} (what the pools "
+             f"hold{held})", flags.with_changes(max_running_requests=room))]
 
 
 def _write_up_fix(flags: ServerFlags, mem: float,
@@ -164,7 +180,8 @@ def alternatives(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
     """The current flags first, then every candidate move, evaluated the same way."""
     current = evaluate("current", model, gpu, flags, version, avg_context, workload)
     rows = [current]
-    for label, candidate in candidate_flags(model, flags, current.plan):
+    kv = workload.kv_per_request() if workload is not None else None
+    for label, candidate in candidate_flags(model, flags, current.plan, kv):
         row = evaluate(label, model, gpu, candidate, version, avg_context, workload)
         if row.plan is not None and not row.plan.graphs_cover_cap:
             # a cap past the graphs would run eager: raise them with it

@@ -42,6 +42,8 @@ class MoeShape:
     moe_layers: int  # layers whose MLP is the MoE block
     expert_params: int  # parameters of one routed expert of one layer
     shared_params: int = 0  # parameters of the shared expert(s) of one layer
+    # the router selects on score + a per-expert bias (None: the release's models don't say)
+    biased_router: bool | None = None
 
     @property
     def routed_params(self) -> int:

@@ -37,7 +37,7 @@ LFM2 = model_profile(str(MODELS / "lfm2-1.2b"), 2.2)
     (NEMOTRON_4B, "h200", "H200/mamba2", True),
     (NEMOTRON_4B, "h100", "H200/mamba2", False),
     (LFM2, "h200", "H200", False),  # no conv fit anywhere: the GPU's own entry
-    (LFM2, "h100", None, False),  # ... and none of its own on the H100: the seeds' fit
+    (LFM2, "h100", "H200", False),  # ... and on the H100, its generation's own entry
     (Q27, "rtx-pro-6000", None, False),  # another generation's fit is never borrowed
 ], ids=lambda v: getattr(v, "architecture", v))
 def test_the_entry_a_model_is_priced_with(model: ModelProfile, gpu: str, key: str | None,
@@ -98,8 +98,9 @@ def test_an_moe_whose_dummy_router_no_run_measured_is_unsure_under_dummy_weights
     assert unmeasured.dummy_routing_unmeasured and unmeasured.uncertainty == 0.5
     assert unmeasured.describe() == (
         "step model measured as H100 80GB/mamba2-moe; the random-weight router's spread over "
-        "NemotronHPuzzleForCausalLM's experts was never measured (dummy weights send a batch "
-        "to few experts or many), expect ±50%")
+        "NemotronHPuzzleForCausalLM's experts was never measured (it adds a per-expert bias, "
+        "so every token is priced on the same top-k experts, as Kimi-Linear's and NemotronH's "
+        "ran), expect ±50%")
     with_real = calibration_note(h100, puzzle, real)
     assert not with_real.dummy_routing_unmeasured and with_real.uncertainty == 0.15
 
@@ -141,3 +142,16 @@ def test_lfm2_moe_reads_its_leading_dense_layers_as_sglang_does() -> None:
     assert lfm2_moe.moe is not None
     assert lfm2_moe.moe.moe_layers == 22
     assert lfm2_moe.active_params_b == pytest.approx(1.555, abs=0.01)
+
+
+def test_an_unmeasured_family_under_unmeasured_routing_is_not_called_measured() -> None:
+    """LFM2-8B-A1B on an H100: no conv fit anywhere and no entry of the H100's own, so the
+    H200's (the 27B's) prices it; the note says so instead of "measured as" them."""
+    lfm2_moe = model_profile(str(MODELS / "lfm2-8b-a1b"), 15.53)
+    note = calibration_note(gpu_profile("h100"), lfm2_moe, parse_server_flags(list(DUMMY),
+                                                                                V0517))
+    assert not note.calibrated and note.dummy_routing_unmeasured
+    assert note.describe().startswith(
+        "step model not measured for this family on this GPU (nearest: H200, a GPU of its "
+        "generation); the random-weight router's spread over Lfm2MoeForCausalLM's experts")
+    assert note.describe().endswith("expect ±50%")
