@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from infra.sglang.release_tables import known_tables
 from infra.sglang.router_tables import biased_router
 from infra.sglang.shapes import GIB, MambaShape, ModelProfile, MoeShape
 
@@ -163,7 +164,7 @@ READERS: dict[str, Callable[[dict[str, Any]], StateLayers]] = {
 }
 
 
-def _state_layers(arch: str, cfg: dict[str, Any], path: Path) -> StateLayers | None:
+def _state_layers(arch: str, cfg: dict[str, Any]) -> StateLayers | None:
     if arch in READERS:
         found = READERS[arch](cfg)
         return found if found.linear else None  # e.g. a Granite config of attention only
@@ -172,11 +173,15 @@ def _state_layers(arch: str, cfg: dict[str, Any], path: Path) -> StateLayers | N
     if "hybrid_override_pattern" in cfg:
         return _nemotron_h(cfg)
     stated = [f for f in STATE_FIELDS if f in cfg]
-    if stated:
+    hybrid = any(tables.uses_radix_cache(arch) or arch in tables.extra_buffer_archs
+                 for tables in known_tables().values())
+    if stated or hybrid:
+        why = (f"field {stated[0]}" if stated else
+               "SGLang's own mamba cache tables list it, srt/arg_groups/overrides.py")
         raise ValueError(
-            f"model: {path}: {arch} has state layers (field {stated[0]}) of a family the "
-            f"planner does not read; it reads {', '.join(sorted(READERS))} and the Qwen3-Next/"
-            "3.5/3.6 GDN configs — planning it as dense would give a wrong cap")
+            f"{arch} has state layers ({why}) of a family the planner does "
+            f"not read; it reads {', '.join(sorted(READERS))} and the Qwen3-Next/3.5/3.6 GDN "
+            "configs — planning it as dense would give a wrong cap")
     return None
 
 
@@ -199,7 +204,7 @@ def profile_from_hf_config(path: Path, weights_gib: float | None = None) -> Mode
         layers = hidden_layers(cfg, arch)
         head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
         kv_heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
-        state = _state_layers(arch, cfg, path)
+        state = _state_layers(arch, cfg)
         ssm_dtype = str(cfg.get("mamba_ssm_dtype", raw.get("mamba_ssm_dtype", "float32")))
         moe = moe_shape(cfg, arch)
     except (KeyError, TypeError) as exc:

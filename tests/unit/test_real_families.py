@@ -182,6 +182,19 @@ def test_a_hybrid_the_planner_cannot_read_is_refused_never_planned_dense(
         model_profile(str(tmp_path), 10.0)
 
 
+def test_a_hybrid_sglang_lists_is_refused_even_when_its_config_names_no_state_field(
+        tmp_path: Path) -> None:
+    """BailingMoeV2_5's linear attention states its layers in fields the planner does not
+    know; SGLang's own tables list the architecture as a mamba-cache hybrid, so it is refused,
+    not planned as a dense model with every layer caching KV."""
+    cfg = {"architectures": ["BailingMoeV2_5ForCausalLM"], "num_hidden_layers": 20,
+           "hidden_size": 2048, "num_attention_heads": 16, "num_key_value_heads": 4}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"^model: .*config.json: BailingMoeV2_5ForCausalLM "
+                                         r"has state layers \(SGLang's own mamba cache tables"):
+        model_profile(str(tmp_path), 30.0)
+
+
 @pytest.mark.parametrize(("model", "refused"), [("lfm2-1.2b", True), ("granite-4.0-h-1b", True),
                                                 ("nemotron-3-nano-4b", True),
                                                 ("falcon-h1-0.5b", False)])
