@@ -17,7 +17,10 @@ from infra.sglang.memory import MemoryPlan, slot_ratio
 from tasks.monitor import Sample
 
 Kind = Literal["mamba-bound", "kv-bound", "request-capped", "client-bound", "compute-bound",
-               "unhealthy", "asymmetric", "idle"]
+               "admission-bound", "unhealthy", "asymmetric", "idle"]
+# A queue this short beside free slots is requests waiting their turn at prefill, not ones the
+# slots cannot take (share of the free slots; at least one request)
+ADMISSION_QUEUE_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -210,8 +213,11 @@ def diagnose(windows: list[ServerWindow], caps: dict[str, int],
     at_cap = cap > 0 and running >= 0.9 * cap
     usage = (f"running {running:.1f} of cap {cap:.0f}, queue {queued:.1f}, KV "
              f"{_pct(kv)}, mamba {_pct(mamba)}")
-    if not at_cap and queued < 1:
-        return Diagnosis("client-bound", f"{usage}: servers have free slots and nothing "
+    if not at_cap and queued < max(1.0, ADMISSION_QUEUE_SHARE * (cap - running)):
+        # LFM2-8B-A1B at cap 4,096 on a simulated H100: 163 running, 11 queued between
+        # prefills; read as "at the cap" before, it said more memory would not help
+        return Diagnosis("client-bound", f"{usage}: servers have free slots and "
+                         f"{'nothing' if queued < 1 else 'only a short prefill queue'} "
                          "queued — raise client concurrency", per_gpu, windows)
     # Requests turn over fast under a small cap, and in waves when answers are alike: the
     # running count dips below the cap between admissions while the queue waits (real
@@ -234,6 +240,10 @@ def diagnose(windows: list[ServerWindow], caps: dict[str, int],
                              f"pools hold {room}", per_gpu, windows)
     if (kv or 0) >= 0.85 or (plan is not None and plan.binding_limit == "kv" and at_cap):
         return Diagnosis("kv-bound", f"{usage}: the KV pool is the limit", per_gpu, windows)
+    if not pressed:
+        return Diagnosis("admission-bound", f"{usage}: requests wait while slots are free — "
+                         "the scheduler admits them no faster (prefill chunks, "
+                         "chunked_prefill_size; a memory move will not help)", per_gpu, windows)
     return Diagnosis("compute-bound", f"{usage}: at the cap with pool headroom; more memory "
                      "will not help", per_gpu, windows)
 

@@ -41,6 +41,20 @@ def test_free_slots_and_empty_queue_is_client_bound() -> None:
     assert d.kind == "client-bound" and "raise client concurrency" in d.evidence
 
 
+def test_a_short_prefill_queue_beside_thousands_of_free_slots_is_client_bound() -> None:
+    """LFM2-8B-A1B at its default cap of 4,096 on a simulated H100 ran 163 with 11 waiting
+    their prefill: the client offered ~175, and "at the cap with pool headroom" was wrong."""
+    d = diagnose([w(running=162.8, queued=10.9, kv=0.02, mamba=0.0)], {"s0": 4096}, None)
+    assert d.kind == "client-bound" and "only a short prefill queue" in d.evidence
+    # a cap of 32 turning over fast keeps a real queue beside a near-full batch: pressed
+    assert diagnose([w(running=26.6, queued=2.6)], {"s0": 32}, None).kind == "compute-bound"
+
+
+def test_a_long_queue_beside_free_slots_is_admission_bound() -> None:
+    d = diagnose([w(running=1000, queued=2000, kv=0.3, mamba=0.0)], {"s0": 4096}, None)
+    assert d.kind == "admission-bound" and "a memory move will not help" in d.evidence
+
+
 def test_full_kv_is_kv_bound() -> None:
     d = diagnose([w(kv=0.92, mamba=0.2)], {"s0": 31}, None)
     assert d.kind == "kv-bound"
