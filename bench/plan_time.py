@@ -36,6 +36,8 @@ MODELS = {  # name → (--model, --weights-gib or None)
     "Nemotron-3-Nano-4B": (str(ROOT / "bench/real_sglang/models/nemotron-3-nano-4b"), "7.47"),
     "Kimi-Linear-48B-A3B": (str(ROOT / "bench/real_sglang/models/kimi-linear-48b-a3b"),
                             "91.61"),
+    # SGLang's request cap of 4,096 binds; the KV pool holds far fewer long answers
+    "LFM2-8B-A1B": (str(ROOT / "bench/real_sglang/models/lfm2-8b-a1b"), "15.53"),
 }
 FORMS = {  # the workload forms of `expansion plan --help`
     "pools only": [],

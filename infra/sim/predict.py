@@ -115,9 +115,15 @@ _RATES: dict[tuple[ModelProfile, GpuProfile, ServerFlags, SGLangVersion, Workloa
 def _replay_args(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
                  version: SGLangVersion, workload: Workload,
                  queue_target: int) -> tuple[object, ...]:
-    """`replay.replay_requests`'s arguments: the cap's clients over enough rounds."""
-    cap = plan_memory(model, gpu, flags, version).max_running_requests
-    clients = cap + queue_target
+    """`replay.replay_requests`'s arguments: the cap's clients over enough rounds of what
+    runs at once — the cap, or as many of the workload's requests as the KV pool holds where
+    that is fewer (LFM2-8B-A1B's cap of 4,096 runs ~760 long answers: rounds of the cap's
+    clients were 131 k rows a replay, 12 s a plan, for the same rate as 24 k)."""
+    plan = plan_memory(model, gpu, flags, version)
+    clients = plan.max_running_requests + queue_target
+    running = min(plan.max_running_requests,
+                  max(1, plan.max_total_num_tokens // workload.kv_per_request()))
     rounds = ROUNDS_FIXED if workload.output_p99 is None else ROUNDS_MIXED
-    rows = [(workload.prompt_tokens, out) for out in workload.output_lengths(rounds * clients)]
+    count = rounds * (running + queue_target)
+    rows = [(workload.prompt_tokens, out) for out in workload.output_lengths(count)]
     return (model, gpu, flags, version, rows, clients)
