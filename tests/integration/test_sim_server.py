@@ -97,13 +97,18 @@ def test_too_long_request_is_a_400_with_a_message(sim_fleet) -> None:
     assert "maximum context length" in resp.json()["error"]["message"]
 
 
-def test_flags_that_do_not_fit_refuse_to_start() -> None:
-    proc = subprocess.run(
+def start_27b(*flags: str) -> subprocess.CompletedProcess[str]:
+    """A simulated 27B server started with these flags, expected to refuse (port 1)."""
+    return subprocess.run(
         [sys.executable, "-m", "infra.sim", "--model-path", "Qwen/Qwen3.6-27B",
-         "--port", "1", "--mem-fraction-static", "0.5"],
+         "--port", "1", *flags],
         capture_output=True, text=True, timeout=60,
         env={"EXPANSION_SIM_STARTUP_S": "0", "PATH": "/usr/bin:/bin"},
         cwd=Path(__file__).resolve().parents[2])
+
+
+def test_flags_that_do_not_fit_refuse_to_start() -> None:
+    proc = start_27b("--mem-fraction-static", "0.5")
     assert proc.returncode != 0
     assert "mem_fraction_static=0.500 leaves no memory" in proc.stdout
 
@@ -111,12 +116,7 @@ def test_flags_that_do_not_fit_refuse_to_start() -> None:
 def test_a_flag_the_release_does_not_have_refuses_to_start() -> None:
     """SGLang's argparse exits on it; a simulator that carried `--gpu h100` would serve as if
     the flag meant something (here: nothing, on the default GPU)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "infra.sim", "--model-path", "Qwen/Qwen3.6-27B",
-         "--port", "1", "--gpu", "h100"],
-        capture_output=True, text=True, timeout=60,
-        env={"EXPANSION_SIM_STARTUP_S": "0", "PATH": "/usr/bin:/bin"},
-        cwd=Path(__file__).resolve().parents[2])
+    proc = start_27b("--gpu", "h100")
     assert proc.returncode == 1
     assert "--gpu: not a flag SGLang 0.5.17 accepts" in proc.stderr, proc.stderr[-2000:]
 
