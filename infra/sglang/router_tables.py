@@ -22,6 +22,7 @@ import ast
 import functools
 import json
 import sys
+import zipfile
 from pathlib import Path
 
 from infra.sglang.release_tables import (
@@ -136,8 +137,6 @@ def model_sources(path: Path) -> dict[str, str]:
     """Every srt/models/*.py of a site folder or wheel (or a folder of the files, .py.gz)."""
     folder = path / MODELS_DIR if (path / MODELS_DIR).is_dir() else path
     if path.suffix == ".whl":
-        import zipfile
-
         with zipfile.ZipFile(path) as wheel:
             names = [n for n in wheel.namelist()
                      if n.startswith(MODELS_DIR + "/") and n.endswith(".py")]
