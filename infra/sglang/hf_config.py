@@ -173,8 +173,7 @@ def _state_layers(arch: str, cfg: dict[str, Any]) -> StateLayers | None:
     if "hybrid_override_pattern" in cfg:
         return _nemotron_h(cfg)
     stated = [f for f in STATE_FIELDS if f in cfg]
-    hybrid = any(tables.uses_radix_cache(arch) or arch in tables.extra_buffer_archs
-                 for tables in known_tables().values())
+    hybrid = any(arch in tables.hybrid_archs for tables in known_tables().values())
     if stated or hybrid:
         why = (f"field {stated[0]}" if stated else
                "SGLang's own mamba cache tables list it, srt/arg_groups/overrides.py")

@@ -68,6 +68,16 @@ class MemoryPlan:
         of CUDA OOM on its first batch above 256: docs/REAL_SGLANG.md, "two MoE hybrids")."""
         return self.max_running_requests <= self.graph_max_bs
 
+    @property
+    def pools_hold(self) -> int:
+        """Running requests the pools would take were the requested cap out of the way: the
+        mamba slots' bound and the scheduler's token bound."""
+        return min(c for c in (self.mamba_cap, self.token_cap) if c is not None)
+
+    def kv_holds(self, kv_per_request: int) -> int:
+        """Running requests of `kv_per_request` KV tokens each the KV pool carries (≥ 1)."""
+        return max(1, self.max_total_num_tokens // kv_per_request)
+
     def to_dict(self) -> dict[str, object]:
         data = asdict(self)
         data["warnings"] = list(self.warnings)

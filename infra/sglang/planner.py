@@ -143,14 +143,14 @@ def candidate_flags(model: ModelProfile, flags: ServerFlags, current: MemoryPlan
 
 def _cap_to_the_pools(flags: ServerFlags, current: MemoryPlan, kv_per_request: int | None,
                       ) -> list[tuple[str, ServerFlags]]:
-    """The requested cap raised to what the pools hold: the mamba slots' and the scheduler's
-    token bound, and, for a known workload, the requests whose KV the pool carries (LFM2's
-    conv slots hold 57,053 requests where its KV holds 1,782 of 1,280 tokens). None where
-    that is no more than the cap already is."""
-    room = min(c for c in (current.mamba_cap, current.token_cap) if c is not None)
+    """The requested cap raised to what the pools hold (`MemoryPlan.pools_hold`) and, for a
+    known workload, to no more requests than the KV pool carries (LFM2's conv slots hold
+    57,053 requests where its KV holds 1,782 of 1,280 tokens). None where that is no more
+    than the cap already is."""
+    room = current.pools_hold
     held = ""
     if kv_per_request:
-        room = min(room, current.max_total_num_tokens // kv_per_request)
+        room = min(room, current.kv_holds(kv_per_request))
         held = f" at {kv_per_request:,} tokens a request"
     if room <= current.max_running_requests:
         return []

@@ -51,6 +51,11 @@ class MambaCacheTables:
     def uses_radix_cache(self, architecture: str) -> bool:
         return architecture in self.radix_cache_archs
 
+    @property
+    def hybrid_archs(self) -> frozenset[str]:
+        """Every architecture the release serves with a mamba state pool."""
+        return self.radix_cache_archs | self.extra_buffer_archs
+
     def supports_extra_buffer(self, architecture: str, linear_backend: str) -> bool:
         return (architecture in self.extra_buffer_archs
                 and linear_backend == self.extra_buffer_linear_backend)

@@ -129,8 +129,7 @@ def extract(sources: dict[str, str], hybrid_archs: frozenset[str]) -> dict[str, 
 
 def hybrid_archs(release: str) -> frozenset[str]:
     """The architectures the release's own tables route through the mamba caches."""
-    tables = known_tables()[release]
-    return tables.radix_cache_archs | tables.extra_buffer_archs
+    return known_tables()[release].hybrid_archs
 
 
 def model_sources(path: Path) -> dict[str, str]:

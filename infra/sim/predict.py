@@ -121,8 +121,7 @@ def _replay_args(model: ModelProfile, gpu: GpuProfile, flags: ServerFlags,
     clients were 131 k rows a replay, 12 s a plan, for the same rate as 24 k)."""
     plan = plan_memory(model, gpu, flags, version)
     clients = plan.max_running_requests + queue_target
-    running = min(plan.max_running_requests,
-                  max(1, plan.max_total_num_tokens // workload.kv_per_request()))
+    running = min(plan.max_running_requests, plan.kv_holds(workload.kv_per_request()))
     rounds = ROUNDS_FIXED if workload.output_p99 is None else ROUNDS_MIXED
     count = rounds * (running + queue_target)
     rows = [(workload.prompt_tokens, out) for out in workload.output_lengths(count)]

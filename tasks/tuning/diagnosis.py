@@ -233,7 +233,7 @@ def diagnose(windows: list[ServerWindow], caps: dict[str, int],
         return Diagnosis("mamba-bound", f"{usage}: the cap comes from the mamba pool "
                          f"({plan.how()}) while KV sits mostly empty{low}", per_gpu, windows)
     if pressed and isinstance(pools, MemoryPlan) and pools.binding_limit == "requested":
-        room = min(c for c in (pools.mamba_cap, pools.token_cap) if c is not None)
+        room = pools.pools_hold
         if room > 1.2 * cap:
             return Diagnosis("request-capped", f"{usage}: the cap is the requested "
                              f"max_running_requests ({pools.requested_running_requests}); the "

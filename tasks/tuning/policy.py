@@ -142,7 +142,7 @@ def fit_to_kv(label: str, candidate: ServerFlags, plan: MemoryPlan, demand: Dema
     if demand.workload is None:
         return label, candidate, plan
     per_request = demand.workload.kv_per_request()  # the answers' tail included
-    fit = max(1, plan.max_total_num_tokens // per_request)
+    fit = plan.kv_holds(per_request)
     if fit >= plan.max_running_requests:
         return label, candidate, plan
     capped = candidate.with_changes(max_running_requests=fit)
