@@ -38,6 +38,7 @@ from infra.settings import (
     load_settings,
 )
 from infra.storage import Destination, StorageError, open_destination
+from infra.termination import deliver_pending_stop, latched_stop_signals
 from tasks.capacity import capacity_note
 from tasks.engines import build_engine, model_is_hybrid
 from tasks.feed import starved_times
@@ -172,7 +173,8 @@ def generate(prompts: str | None = None, output: str | None = None, engine: str 
                        "worker (or the deployment's job_variables env) instead")
     out, beside = leases_of(settings, node)
     _, target = settings.node_paths(node)
-    with held_lease(out, str(flow_run.name or ""), settings.force_takeover, beside):
+    with latched_stop_signals(), held_lease(out, str(flow_run.name or ""),
+                                            settings.force_takeover, beside):
         return _generate_into(settings, out, target, shards, node, logger)
 
 
@@ -265,6 +267,7 @@ def _run_epochs(state: JobState, ctx: JobContext, tuner: Tuner,
     """Run fleet configurations until no shard is pending; the tuner chooses each one."""
     epoch = tuner.first_epoch - 1  # a resumed job's epochs follow the ones its ledger holds
     while state.pending:
+        deliver_pending_stop()  # a stop signal Python dropped ends the run, not the epoch
         epoch += 1
         outcome = run_epoch(state, ctx, tuner, epoch)
         state = _pending_state(str(tuner.settings.prompts), tuner.settings.shard_size, ctx.out,

@@ -178,7 +178,8 @@ class Dispatcher:
         scan of thousands of workers every 20 ms)."""
         if self._fatal is not None:
             raise self._fatal
-        if isinstance(self._broken, RunEnd):  # the output's disk refused a commit
+        # the disk refused a commit, or a stop signal landed in a worker: the run ends so
+        if isinstance(self._broken, RunEnd) or not isinstance(self._broken, Exception | None):
             raise self._broken
         if self._broken is not None:
             raise RuntimeError("a dispatch worker failed") from self._broken

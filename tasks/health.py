@@ -12,6 +12,7 @@ import time
 from infra.processes import is_ours_and_alive
 from infra.sglang.client import is_healthy
 from infra.sglang.secret_config import discard, secret_file_of
+from infra.termination import deliver_pending_stop
 from tasks.local_servers import ServerHandle
 
 LOG_TAIL_LINES = 15
@@ -50,6 +51,7 @@ def wait_until_healthy(handles: list[ServerHandle], api_key: str | None,
     deadline = started + timeout_s
     pending = list(handles)
     while pending:
+        deliver_pending_stop()  # a stop signal Python dropped: not a server that died starting
         for handle in list(pending):
             # (pid 0: a server someone else runs, engine=external — only its /health counts)
             if handle.record.pid and not is_ours_and_alive(handle.record):

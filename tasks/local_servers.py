@@ -22,6 +22,7 @@ from infra.processes import (
 )
 from infra.sglang.launch import REDACTED, LaunchSpec
 from infra.sglang.secret_config import discard, hide_secrets, secret_file_of
+from infra.termination import deliver_pending_stop
 
 
 class LaunchError(RuntimeError):
@@ -76,7 +77,9 @@ def launch_fleet(specs: list[LaunchSpec], registry: ProcessRegistry,
 
 
 def launch_one(spec: LaunchSpec, registry: ProcessRegistry, fingerprint: str) -> ServerHandle:
-    """Start one server and list it in the registry (its secrets go through a 0600 file)."""
+    """Start one server and list it in the registry (its secrets go through a 0600 file).
+    Never after a stop signal: the run ends instead (infra/termination.py)."""
+    deliver_pending_stop()
     argv, secret_file = hide_secrets(spec.argv, spec.secrets)
     try:
         _proc, record = spawn(argv, spec.env, spec.log_path, spec.port, spec.host)

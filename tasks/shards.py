@@ -23,6 +23,7 @@ from infra.prompt_row import PromptRow
 from infra.prompts import iter_rows, open_input, out_of_vocabulary, validate_input
 from infra.settings import JobSettings
 from infra.sglang.profiles import model_profile
+from infra.termination import until_done_or_stopped
 from tasks.capacity import Capacity, client_limit
 from tasks.dispatch import Dispatcher, DispatchOptions, DispatchStats, Endpoint
 from tasks.first_batch import (
@@ -179,7 +180,8 @@ def generate_pending(settings: JobSettings, state: JobState, capacities: list[Ca
         if control is not None:
             control.bind(dispatcher)
         try:
-            return await dispatcher.run(iter_pending_shards(state.shard_plan, state.pending))
+            return await until_done_or_stopped(
+                dispatcher.run(iter_pending_shards(state.shard_plan, state.pending)))
         finally:
             if control is not None:
                 control.unbind()

@@ -7,6 +7,9 @@ import os
 import signal
 from typing import Any
 
+import pytest
+from prefect.exceptions import TerminationSignal
+
 from infra.prompt_row import PromptRow
 from tasks.dispatch import Dispatcher, DispatchOptions, Endpoint
 from tasks.requests import build_request
@@ -82,3 +85,17 @@ def test_per_row_sampling_overrides_defaults() -> None:
     path, body = build_request(
         PromptRow("a", messages=[{"role": "user", "content": "x"}]), OPTS)
     assert path == "/v1/chat/completions" and body["max_tokens"] == 16
+
+
+def test_a_stop_signal_that_lands_in_a_worker_ends_the_run_as_that_signal(sim_fleet) -> None:
+    """Prefect's TerminationSignal raised inside a worker stays in that worker's task; the
+    dispatcher ends with it, not with "a dispatch worker failed" (the flow is then marked
+    Crashed by a termination signal and its fleet stopped, as for one that landed anywhere
+    else)."""
+    handles = sim_fleet(1)
+
+    def terminate() -> None:
+        raise TerminationSignal(signal=signal.SIGTERM)
+
+    with pytest.raises(TerminationSignal):
+        run(endpoints(handles), shards(3, 5), on_kill=terminate)
