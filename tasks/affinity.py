@@ -117,8 +117,10 @@ class AffinityQueue:
 
     def __init__(self, key_chars: int, live: Callable[[], list[str]],
                  leader_wait_s: float = 2.0,
-                 primes: Callable[[str], bool] = lambda _server: False) -> None:
+                 primes: Callable[[str], bool] = lambda _server: False,
+                 side: Callable[[str], Any | None] = lambda _server: None) -> None:
         self.key_chars = key_chars
+        self._side = side  # server -> a prompt held outside the queue it may take first
         self.leader_wait_s = leader_wait_s
         self._live = live
         self._primes = primes  # server -> its cache cannot resume at branch points
@@ -194,6 +196,10 @@ class AffinityQueue:
         self.grouped += len(waiting)
         self._wake(home, len(waiting))
 
+    def wake(self, server: str | None) -> None:
+        """Something outside the queue may be there for `server` (None: for any)."""
+        self._wake(server)
+
     def _wake(self, server: str | None, n: int = 1) -> None:
         """Wake up to n idle workers, `server`'s own first, then any server's."""
         lines = ([self._waiters[server]] if server in self._waiters else []) + list(
@@ -217,6 +223,9 @@ class AffinityQueue:
     async def get(self, server: str) -> Any:
         while True:
             self._release_overdue()
+            held = self._side(server)  # a suspect (tasks/suspects.py): not in the count
+            if held is not None:
+                return held
             item = self._take(server)
             if item is not None:
                 self._size -= 1

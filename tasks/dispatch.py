@@ -72,9 +72,11 @@ class Dispatcher:
         self.stop = stop or asyncio.Event()
         self.drain_timeout_s = drain_timeout_s
         self.stats = DispatchStats()
+        # prompts that were on a server when it died: held out of the queue, handed out by it
+        self._suspects = SuspectLane(self._cap_of, lambda server: self._queue.wake(server))
         self._queue = AffinityQueue(opts.prefix_key_chars,
                                     lambda: [e.name for e in self._live()],
-                                    primes=self._primes_prefixes)
+                                    primes=self._primes_prefixes, side=self._suspects.take)
         self._shards: dict[int, ShardState] = {}
         self._dead: set[str] = set()
         self._connect_failures: dict[str, int] = {}
@@ -91,7 +93,6 @@ class Dispatcher:
         self._generation: dict[str, int] = {e.name: 0 for e in endpoints}
         self._in_flight_by: dict[str, int] = {}
         self._posting = InFlight()  # the HTTP waits open on each server (tasks/hand_back.py)
-        self._suspects = SuspectLane()  # prompts that were on a server when it died
         self._workers: list[asyncio.Task[None]] = []
         self._stack: contextlib.AsyncExitStack | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -124,6 +125,9 @@ class Dispatcher:
             task = asyncio.create_task(self._worker(ep, client, gen))
             task.add_done_callback(self._worker_ended)
             self._workers.append(task)
+
+    def _cap_of(self, name: str) -> int:
+        return next((e.limit for e in self.endpoints if e.name == name), 1)
 
     def _primes_prefixes(self, name: str) -> bool:
         return any(e.primes_prefixes for e in self.endpoints if e.name == name)
@@ -255,10 +259,6 @@ class Dispatcher:
             if self.stop.is_set() or not self._serves(ep, generation):
                 self._put(item)  # stopped, died or left while we waited: hand it on
                 return
-            if not self._suspects.may_run(ep.name, item):
-                self._put(item)  # a suspect already runs here: another server takes it
-                await asyncio.sleep(0.05)
-                continue
             self._in_flight += 1
             self._in_flight_by[ep.name] = self._in_flight_by.get(ep.name, 0) + 1
             suspect = self._suspects.started(ep.name, item)
@@ -356,7 +356,7 @@ class Dispatcher:
 
     def _put(self, item: WorkItem) -> None:
         self._queued[item.shard] = self._queued.get(item.shard, 0) + 1
-        self._queue.put(item)
+        (self._suspects.hold if item.killed else self._queue.put)(item)
 
     async def _post(self, ep: Endpoint, client: httpx.AsyncClient, path: str,
                     body: dict[str, Any]) -> Answer:

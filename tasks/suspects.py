@@ -1,15 +1,20 @@
-"""Rows that kill servers: found by riding alone, quarantined after two deaths.
+"""Rows that kill servers: found by group testing, quarantined once implicated alone.
 
 Some inputs crash a real server every time they are scheduled (a kernel fault; on SGLang
 0.5.17 a token id past the vocabulary, which the dispatcher checks before sending, is the
 known one). Retried like any lost request, such a row would take down one server after
 another. When a server dies, every prompt it was running is implicated — the killer is one of
-them. An implicated prompt is a suspect: it runs again, but never beside another suspect on
-the same server, so the next death on its server implicates it alone among the suspects.
-A prompt implicated in KILLS_TO_QUARANTINE deaths is not sent again: it becomes an error row
-that names the servers, and the rest of the job runs (the dead servers are relaunched by the
-tuner, tasks/tuning/repair.py). An innocent prompt reaches two only if a second, different
-killer strikes while it is that server's one suspect.
+them. An implicated prompt is a suspect. Suspects wait in the lane, out of the queue (no
+worker picks one up only to put it back), and a server takes them in groups that shrink
+SPLIT-fold with each death a suspect was implicated in: at a cap of 4,096 a death implicates
+4,096 prompts, which run again 512 to a server beside the ordinary traffic, then 64, 8, and
+1 — five deaths find the killer, where one suspect per server left thousands of prompts to
+trickle through at one per server. A prompt implicated in KILLS_TO_QUARANTINE or more
+deaths, the last while it was the only suspect on its server, is not sent again: it becomes
+an error row that names the servers, and the rest of the job runs (the dead servers are
+relaunched by the tuner, tasks/tuning/repair.py). At a cap of 8 or less a first suspect
+already rides alone, so two deaths suffice, as before. An innocent prompt is quarantined only
+if a second, different killer strikes while it is a server's one suspect.
 
 A broken connection alone is not a death: the server's /health is asked first.
 """
@@ -17,51 +22,92 @@ A broken connection alone is not a death: the server's /health is asked first.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import Counter, deque
+from collections.abc import Callable
 
 import httpx
 
 from tasks.dispatch_records import WorkItem
 
 KILLS_TO_QUARANTINE = 2
-# A suspect waits this many hand-ons for a server it has not killed (one server alone: ~2 s,
-# then it runs where it can), so a second death tells a bad row from a bad server
-PASSES_FOR_ANOTHER_SERVER = 40
+SPLIT = 8  # each death a suspect was implicated in cuts the group it may run in 8-fold
+# A suspect waits this long for a server it has not killed (one server alone: then it runs
+# where it can), so a second death tells a bad row from a bad server
+WAIT_FOR_ANOTHER_SERVER_S = 2.0
+SCAN = 64  # suspects looked at per take: the first that may run on the server goes
 SETTLE_S = 0.5  # after a broken connection, before asking /health: a dying server's port
 HEALTH_TIMEOUT_S = 5.0
 
 
+def group_limit(kills: int, cap: int) -> int:
+    """How many suspects may run on one server beside a prompt implicated in `kills`
+    deaths, itself included (the server takes `cap` prompts at once)."""
+    return max(1, cap // SPLIT ** kills)
+
+
 class SuspectLane:
-    """Which servers run a suspect now: at most one each."""
+    """The suspects waiting to run again, and which servers run how many now.
+    `cap_of(server)` is the number of prompts a server takes at once; `wake(server)` wakes an
+    idle worker of that server (None: of any), which then asks `take`."""
 
-    def __init__(self) -> None:
-        self._on: dict[str, int] = {}
-        self._passed: dict[int, int] = {}
+    def __init__(self, cap_of: Callable[[str], int],
+                 wake: Callable[[str | None], None]) -> None:
+        self._cap_of = cap_of
+        self._wake = wake
+        self._waiting: dict[int, deque[tuple[float, WorkItem]]] = {}  # by kills, oldest first
+        self._running: dict[str, Counter[int]] = {}  # server -> kills of its suspects
+        self.waiting = 0
 
-    def may_run(self, server: str, item: WorkItem) -> bool:
-        """Any prompt that killed nothing; a suspect where no other suspect runs, and on a
-        server it has not killed while another may take it."""
+    def hold(self, item: WorkItem) -> None:
+        """A suspect to run again (new, or back after a failure)."""
+        self._waiting.setdefault(len(item.killed), deque()).append((time.monotonic(), item))
+        self.waiting += 1
+        self._wake(None)
+
+    def take(self, server: str) -> WorkItem | None:
+        """The suspect `server` may run now, if any: the most implicated first (the likeliest
+        killer), in a group no larger than any of its suspects allows, and on a server it has
+        killed only once it waited WAIT_FOR_ANOTHER_SERVER_S for another."""
+        running = self._running.get(server, Counter())
+        on, cap = sum(running.values()), self._cap_of(server)
+        room = min((group_limit(k, cap) for k in running), default=cap)
+        now = time.monotonic()
+        for kills in sorted(self._waiting, reverse=True):
+            if on >= min(room, group_limit(kills, cap)):
+                continue
+            line = self._waiting[kills]
+            for i, (since, item) in enumerate(line):
+                if i >= SCAN:
+                    break
+                if server not in item.killed or now - since >= WAIT_FOR_ANOTHER_SERVER_S:
+                    del line[i]
+                    if not line:
+                        del self._waiting[kills]
+                    self.waiting -= 1
+                    return item
+        return None
+
+    def started(self, server: str, item: WorkItem) -> int | None:
+        """Count it on `server` if it is a suspect and note whether it rides alone; returns
+        what to hand to `ended` (a prompt can become a suspect while it runs)."""
         if not item.killed:
-            return True
-        if self._on.get(server, 0):
-            return False
-        if server in item.killed:
-            passed = self._passed.get(id(item), 0)
-            if passed < PASSES_FOR_ANOTHER_SERVER:
-                self._passed[id(item)] = passed + 1
-                return False
-        return True
+            item.alone = False
+            return None
+        kills = len(item.killed)
+        running = self._running.setdefault(server, Counter())
+        running[kills] += 1
+        item.alone = group_limit(kills, self._cap_of(server)) == 1
+        return kills
 
-    def started(self, server: str, item: WorkItem) -> bool:
-        """Count it on `server` if it is a suspect; True when counted (hand that to ended:
-        a prompt can become a suspect while it runs)."""
-        if not item.killed:
-            return False
-        self._on[server] = self._on.get(server, 0) + 1
-        return True
-
-    def ended(self, server: str, counted: bool) -> None:
-        if counted:
-            self._on[server] -= 1
+    def ended(self, server: str, counted: int | None) -> None:
+        if counted is not None:
+            running = self._running[server]
+            running[counted] -= 1
+            if not running[counted]:
+                del running[counted]
+            if self.waiting:
+                self._wake(server)  # room for the next of a group
 
 
 async def server_died(client: httpx.AsyncClient, url: str) -> bool:
@@ -81,8 +127,10 @@ async def server_died(client: httpx.AsyncClient, url: str) -> bool:
 
 
 def quarantined(item: WorkItem) -> str | None:
-    """The error row's reason once the prompt has killed enough servers, else None."""
-    if len(item.killed) < KILLS_TO_QUARANTINE:
+    """The error row's reason once the prompt has been implicated in enough deaths, the last
+    with no other suspect on its server; else None."""
+    if len(item.killed) < KILLS_TO_QUARANTINE or not item.alone:
         return None
-    return (f"killed the server twice ({', '.join(item.killed)} died while it ran, each time "
-            "the only suspect there); not sent again — check this row's input")
+    return (f"killed the server {len(item.killed)} times ({', '.join(item.killed)} died while "
+            "it ran; the last time it was the only suspect there); not sent again — check "
+            "this row's input")

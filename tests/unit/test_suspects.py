@@ -1,9 +1,11 @@
-"""The suspect lane (tasks/suspects.py): prompts a dying server was running ride one per
-server, and a prompt implicated in two deaths is quarantined."""
+"""The suspect lane (tasks/suspects.py): prompts a dying server was running wait out of the
+queue and run again in groups that shrink with each death; a prompt implicated in two or more
+deaths, the last while alone among suspects, is quarantined."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import httpx
 import pytest
@@ -11,40 +13,95 @@ import pytest
 from infra.prompt_row import PromptRow
 from tasks import suspects
 from tasks.dispatch_records import WorkItem
-from tasks.suspects import SuspectLane, quarantined
+from tasks.suspects import SuspectLane, group_limit, quarantined
+
+_ids = itertools.count()
 
 
 def item(*killed: str) -> WorkItem:
-    return WorkItem(0, 0, PromptRow.from_columns({"id": "r1", "prompt": "p"}), killed=list(killed))
+    row = PromptRow.from_columns({"id": f"r{next(_ids)}", "prompt": "p"})
+    return WorkItem(0, 0, row, killed=list(killed))
 
 
-def test_a_suspect_runs_only_where_no_other_suspect_runs() -> None:
-    lane = SuspectLane()
-    first, second, innocent = item("server-0"), item("server-0"), item()
-    assert lane.may_run("server-1", first)
-    counted = lane.started("server-1", first)
-    assert not lane.may_run("server-1", second)  # would share the next death's blame
-    assert lane.may_run("server-2", second)
-    assert lane.may_run("server-1", innocent)  # prompts never implicated ride anywhere
-    lane.ended("server-1", counted)
-    assert lane.may_run("server-1", second)
+def lane(cap: int = 1) -> tuple[SuspectLane, list[str | None]]:
+    woken: list[str | None] = []
+    return SuspectLane(lambda _server: cap, woken.append), woken
+
+
+def test_at_a_small_cap_a_suspect_runs_only_where_no_other_suspect_runs() -> None:
+    lanes, woken = lane(cap=8)
+    first, second = item("server-0"), item("server-0")
+    lanes.hold(first)
+    lanes.hold(second)
+    assert woken == [None, None]  # an idle worker of any server is told
+    assert lanes.take("server-1") is first
+    counted = lanes.started("server-1", first)
+    assert first.alone
+    assert lanes.take("server-1") is None  # would share the next death's blame
+    assert lanes.take("server-2") is second
+    lanes.ended("server-1", counted)
+    assert lanes.waiting == 0 and woken == [None, None]  # nothing left to wake for
+
+
+def test_groups_shrink_eightfold_with_each_death() -> None:
+    assert [group_limit(k, 4096) for k in range(1, 6)] == [512, 64, 8, 1, 1]
+    assert [group_limit(k, 100) for k in range(1, 3)] == [12, 1]
+    lanes, _ = lane(cap=4096)
+    for _ in range(600):
+        lanes.hold(item("server-0"))
+    taken = []
+    while (suspect := lanes.take("server-1")) is not None:
+        lanes.started("server-1", suspect)
+        taken.append(suspect)
+    assert len(taken) == 512 and not any(s.alone for s in taken)
+    assert lanes.take("server-2") is not None  # another server takes the rest
+
+
+def test_the_most_implicated_suspect_goes_first_and_keeps_its_group_small() -> None:
+    lanes, woken = lane(cap=64)  # groups of 8 after one death, 1 after two
+    once, twice = [item("server-0") for _ in range(10)], item("server-0", "server-3")
+    for suspect in [*once, twice]:
+        lanes.hold(suspect)
+    assert lanes.take("server-1") is twice
+    counted = lanes.started("server-1", twice)
+    assert twice.alone and lanes.take("server-1") is None  # nothing rides beside it
+    lanes.ended("server-1", counted)
+    assert woken[-1] == "server-1"  # its worker is told there is room again
+    group = []
+    while (taken := lanes.take("server-1")) is not None:
+        lanes.started("server-1", taken)
+        group.append(taken)
+    assert group == once[:8] and not any(s.alone for s in group)
+
+
+def test_a_suspect_waits_for_a_server_it_did_not_kill(monkeypatch: pytest.MonkeyPatch) -> None:
+    lanes, _ = lane(cap=8)
+    suspect = item("server-1")
+    lanes.hold(suspect)
+    assert lanes.take("server-1") is None
+    monkeypatch.setattr(suspects, "WAIT_FOR_ANOTHER_SERVER_S", 0.0)
+    assert lanes.take("server-1") is suspect  # no other server took it: it runs where it can
 
 
 def test_a_prompt_that_becomes_a_suspect_while_running_is_not_uncounted() -> None:
     """It was not counted when it started; its server's death makes it a suspect before it
     ends — the lane must not take away a count it never added."""
-    lane = SuspectLane()
+    lanes, _ = lane(cap=8)
     running = item()
-    counted = lane.started("server-1", running)
+    counted = lanes.started("server-1", running)
     running.killed.append("server-1")
-    lane.ended("server-1", counted)
-    assert lane.may_run("server-1", item("server-3"))
+    lanes.ended("server-1", counted)
+    lanes.hold(item("server-3"))
+    assert lanes.take("server-1") is not None
 
 
-def test_two_deaths_quarantine_and_the_reason_names_both_servers() -> None:
+def test_two_deaths_quarantine_only_the_last_alone_and_the_reason_names_the_servers() -> None:
+    suspect = item("server-0", "server-2")
     assert quarantined(item("server-0")) is None
-    reason = quarantined(item("server-0", "server-2"))
-    assert reason is not None and reason.startswith("killed the server twice")
+    assert quarantined(suspect) is None  # died among other suspects: not yet told apart
+    suspect.alone = True
+    reason = quarantined(suspect)
+    assert reason is not None and reason.startswith("killed the server 2 times")
     assert "server-0, server-2" in reason
 
 
