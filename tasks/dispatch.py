@@ -41,13 +41,7 @@ from tasks.dispatch_records import (
 )
 from tasks.first_batch import FirstBatchWatch, FleetCannotServe
 from tasks.hand_back import InFlight
-from tasks.requests import (
-    Delivery,
-    DispatchOptions,
-    MalformedAnswer,
-    output_row,
-    unsendable,
-)
+from tasks.requests import Delivery, DispatchOptions, MalformedAnswer, output_row, unsendable
 from tasks.run_ends import FleetDown, RunEnd
 from tasks.suspects import SuspectLane, quarantined, server_died
 
@@ -73,7 +67,11 @@ class Dispatcher:
         self.drain_timeout_s = drain_timeout_s
         self.stats = DispatchStats()
         # prompts that were on a server when it died: held out of the queue, handed out by it
-        self._suspects = SuspectLane(self._cap_of, lambda server: self._queue.wake(server))
+        self._all_fed = False  # the feeder has queued the last shard
+        self._suspects = SuspectLane(
+            lambda name: next((e.limit for e in self.endpoints if e.name == name), 1),
+            lambda server: self._queue.wake(server),
+            lambda: self._all_fed and not self._queue.qsize())
         self._queue = AffinityQueue(opts.prefix_key_chars,
                                     lambda: [e.name for e in self._live()],
                                     primes=self._primes_prefixes, side=self._suspects.take)
@@ -126,9 +124,6 @@ class Dispatcher:
             task.add_done_callback(self._worker_ended)
             self._workers.append(task)
 
-    def _cap_of(self, name: str) -> int:
-        return next((e.limit for e in self.endpoints if e.name == name), 1)
-
     def _primes_prefixes(self, name: str) -> bool:
         return any(e.primes_prefixes for e in self.endpoints if e.name == name)
 
@@ -155,6 +150,7 @@ class Dispatcher:
                     self._raise_if_failed()
                     await asyncio.sleep(0.02)
                 await feeder
+                self._all_fed = True
                 while self._shards and not self.stop.is_set():
                     self._raise_if_failed()
                     if self._fleet_down():

@@ -1,20 +1,27 @@
-"""Rows that kill servers: found by group testing, quarantined once implicated alone.
+"""Rows that kill servers: found by riding alone, quarantined once implicated alone twice;
+at the job's tail, by group testing.
 
 Some inputs crash a real server every time they are scheduled (a kernel fault; on SGLang
 0.5.17 a token id past the vocabulary, which the dispatcher checks before sending, is the
 known one). Retried like any lost request, such a row would take down one server after
 another. When a server dies, every prompt it was running is implicated — the killer is one of
 them. An implicated prompt is a suspect. Suspects wait in the lane, out of the queue (no
-worker picks one up only to put it back), and a server takes them in groups that shrink
-SPLIT-fold with each death a suspect was implicated in: at a cap of 4,096 a death implicates
-4,096 prompts, which run again 512 to a server beside the ordinary traffic, then 64, 8, and
-1 — five deaths find the killer, where one suspect per server left thousands of prompts to
-trickle through at one per server. A prompt implicated in KILLS_TO_QUARANTINE or more
-deaths, the last while it was the only suspect on its server, is not sent again: it becomes
-an error row that names the servers, and the rest of the job runs (the dead servers are
-relaunched by the tuner, tasks/tuning/repair.py). At a cap of 8 or less a first suspect
-already rides alone, so two deaths suffice, as before. An innocent prompt is quarantined only
-if a second, different killer strikes while it is a server's one suspect.
+worker takes one only to put it back), and run again one per server beside the ordinary
+traffic, so the next death on its server implicates it alone among the suspects. A prompt
+implicated in KILLS_TO_QUARANTINE or more deaths, the last while it was the only suspect on
+its server, is not sent again: it becomes an error row that names the servers, and the rest
+of the job runs (the dead servers are relaunched by the tuner, tasks/tuning/repair.py). An
+innocent prompt is quarantined only if a second, different killer strikes while it is a
+server's one suspect.
+
+One per server costs no death more than two, and while ordinary prompts wait it costs no
+throughput either. At the tail it would: a death at a cap of 4,096 implicates 4,096 prompts,
+which would trickle through at one per server for hours after the rest is done. So once
+nothing else waits (`tail()`), servers take suspects in groups that shrink SPLIT-fold with each
+death a suspect was in (4,096: groups of 512, 64, 8, then 1): a group that lives clears all
+its members at once, the one that dies narrows the search — a few deaths more, bought with
+capacity that would idle. Measured on the simulator: bench/suspect_lane.py,
+docs/BENCHMARKS.md.
 
 A broken connection alone is not a death: the server's /health is asked first.
 """
@@ -22,6 +29,7 @@ A broken connection alone is not a death: the server's /health is asked first.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -31,7 +39,7 @@ import httpx
 from tasks.dispatch_records import WorkItem
 
 KILLS_TO_QUARANTINE = 2
-SPLIT = 8  # each death a suspect was implicated in cuts the group it may run in 8-fold
+SPLIT = 8  # at the tail, each death a suspect was in cuts the group it may run in 8-fold
 # A suspect waits this long for a server it has not killed (one server alone: then it runs
 # where it can), so a second death tells a bad row from a bad server
 WAIT_FOR_ANOTHER_SERVER_S = 2.0
@@ -41,22 +49,23 @@ HEALTH_TIMEOUT_S = 5.0
 
 
 def group_limit(kills: int, cap: int) -> int:
-    """How many suspects may run on one server beside a prompt implicated in `kills`
-    deaths, itself included (the server takes `cap` prompts at once)."""
+    """At the tail, how many suspects may run on one server beside a prompt implicated in
+    `kills` deaths, itself included (the server takes `cap` prompts at once)."""
     return max(1, cap // SPLIT ** kills)
 
 
 class SuspectLane:
-    """The suspects waiting to run again, and which servers run how many now.
-    `cap_of(server)` is the number of prompts a server takes at once; `wake(server)` wakes an
-    idle worker of that server (None: of any), which then asks `take`."""
+    """The suspects waiting to run again, and how many each server runs now. `cap_of(server)`
+    is the number of prompts a server takes at once; `wake(server)` wakes an idle worker of
+    that server (None: of any), which then asks `take`; `tail()` says nothing else waits."""
 
-    def __init__(self, cap_of: Callable[[str], int],
-                 wake: Callable[[str | None], None]) -> None:
+    def __init__(self, cap_of: Callable[[str], int], wake: Callable[[str | None], None],
+                 tail: Callable[[], bool]) -> None:
         self._cap_of = cap_of
         self._wake = wake
+        self._tail = tail
         self._waiting: dict[int, deque[tuple[float, WorkItem]]] = {}  # by kills, oldest first
-        self._running: dict[str, Counter[int]] = {}  # server -> kills of its suspects
+        self._running: dict[str, Counter[int]] = {}  # server -> the groups its suspects allow
         self.waiting = 0
 
     def hold(self, item: WorkItem) -> None:
@@ -68,37 +77,39 @@ class SuspectLane:
     def take(self, server: str) -> WorkItem | None:
         """The suspect `server` may run now, if any: the most implicated first (the likeliest
         killer), in a group no larger than any of its suspects allows, and on a server it has
-        killed only once it waited WAIT_FOR_ANOTHER_SERVER_S for another."""
+        killed only once it waited WAIT_FOR_ANOTHER_SERVER_S for another. The group it may
+        run in goes on the item (`group`) for `started`."""
         running = self._running.get(server, Counter())
-        on, cap = sum(running.values()), self._cap_of(server)
-        room = min((group_limit(k, cap) for k in running), default=cap)
+        on, cap, tail = sum(running.values()), self._cap_of(server), self._tail()
+        room = min(running, default=cap)
         now = time.monotonic()
         for kills in sorted(self._waiting, reverse=True):
-            if on >= min(room, group_limit(kills, cap)):
-                continue
             line = self._waiting[kills]
-            for i, (since, item) in enumerate(line):
-                if i >= SCAN:
-                    break
-                if server not in item.killed or now - since >= WAIT_FOR_ANOTHER_SERVER_S:
-                    del line[i]
-                    if not line:
-                        del self._waiting[kills]
-                    self.waiting -= 1
-                    return item
+            i = next((i for i, (since, item) in enumerate(itertools.islice(line, SCAN))
+                      if server not in item.killed
+                      or now - since >= WAIT_FOR_ANOTHER_SERVER_S), None)
+            if i is None:
+                continue
+            group = min(room, group_limit(kills, cap) if tail else 1)
+            if on >= group:  # it waits for this server to empty: none less implicated
+                return None  # fills the room first (they kept a killer waiting minutes)
+            _, item = line[i]
+            del line[i]
+            if not line:
+                del self._waiting[kills]
+            self.waiting -= 1
+            item.group = group
+            return item
         return None
 
     def started(self, server: str, item: WorkItem) -> int | None:
-        """Count it on `server` if it is a suspect and note whether it rides alone; returns
-        what to hand to `ended` (a prompt can become a suspect while it runs)."""
+        """Count it on `server` if it is a suspect; returns what to hand to `ended` (a prompt
+        can become a suspect while it runs)."""
         if not item.killed:
-            item.alone = False
+            item.group = 0
             return None
-        kills = len(item.killed)
-        running = self._running.setdefault(server, Counter())
-        running[kills] += 1
-        item.alone = group_limit(kills, self._cap_of(server)) == 1
-        return kills
+        self._running.setdefault(server, Counter())[item.group] += 1
+        return item.group
 
     def ended(self, server: str, counted: int | None) -> None:
         if counted is not None:
@@ -107,7 +118,7 @@ class SuspectLane:
             if not running[counted]:
                 del running[counted]
             if self.waiting:
-                self._wake(server)  # room for the next of a group
+                self._wake(server)  # room for the next suspect
 
 
 async def server_died(client: httpx.AsyncClient, url: str) -> bool:
@@ -129,7 +140,7 @@ async def server_died(client: httpx.AsyncClient, url: str) -> bool:
 def quarantined(item: WorkItem) -> str | None:
     """The error row's reason once the prompt has been implicated in enough deaths, the last
     with no other suspect on its server; else None."""
-    if len(item.killed) < KILLS_TO_QUARANTINE or not item.alone:
+    if len(item.killed) < KILLS_TO_QUARANTINE or item.group != 1:
         return None
     return (f"killed the server {len(item.killed)} times ({', '.join(item.killed)} died while "
             "it ran; the last time it was the only suspect there); not sent again — check "

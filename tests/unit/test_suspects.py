@@ -1,6 +1,7 @@
 """The suspect lane (tasks/suspects.py): prompts a dying server was running wait out of the
-queue and run again in groups that shrink with each death; a prompt implicated in two or more
-deaths, the last while alone among suspects, is quarantined."""
+queue and run again one per server while other prompts wait, in groups that shrink with each
+death at the tail; a prompt implicated in two or more deaths, the last while alone among
+suspects, is quarantined."""
 
 from __future__ import annotations
 
@@ -23,83 +24,117 @@ def item(*killed: str) -> WorkItem:
     return WorkItem(0, 0, row, killed=list(killed))
 
 
-def lane(cap: int = 1) -> tuple[SuspectLane, list[str | None]]:
-    woken: list[str | None] = []
-    return SuspectLane(lambda _server: cap, woken.append), woken
+class Lane:
+    """A lane of servers taking `cap` prompts at once; `tail` says nothing else waits."""
+
+    def __init__(self, cap: int, tail: bool = False) -> None:
+        self.tail, self.woken = tail, list[str | None]()
+        self.lane = SuspectLane(lambda _server: cap, self.woken.append, lambda: self.tail)
+
+    def fill(self, server: str) -> list[WorkItem]:
+        """Start every suspect `server` may take now."""
+        taken = []
+        while (suspect := self.lane.take(server)) is not None:
+            self.lane.started(server, suspect)
+            taken.append(suspect)
+        return taken
 
 
-def test_at_a_small_cap_a_suspect_runs_only_where_no_other_suspect_runs() -> None:
-    lanes, woken = lane(cap=8)
+def test_while_other_prompts_wait_a_suspect_runs_only_where_no_other_suspect_runs() -> None:
+    lanes = Lane(cap=4096)
     first, second = item("server-0"), item("server-0")
-    lanes.hold(first)
-    lanes.hold(second)
-    assert woken == [None, None]  # an idle worker of any server is told
-    assert lanes.take("server-1") is first
-    counted = lanes.started("server-1", first)
-    assert first.alone
-    assert lanes.take("server-1") is None  # would share the next death's blame
-    assert lanes.take("server-2") is second
-    lanes.ended("server-1", counted)
-    assert lanes.waiting == 0 and woken == [None, None]  # nothing left to wake for
+    lanes.lane.hold(first)
+    lanes.lane.hold(second)
+    assert lanes.woken == [None, None]  # an idle worker of any server is told
+    assert lanes.fill("server-1") == [first]  # would share the next death's blame
+    assert first.group == 1
+    assert lanes.fill("server-2") == [second]
+    assert lanes.lane.waiting == 0
 
 
-def test_groups_shrink_eightfold_with_each_death() -> None:
+def test_at_the_tail_groups_shrink_eightfold_with_each_death() -> None:
     assert [group_limit(k, 4096) for k in range(1, 6)] == [512, 64, 8, 1, 1]
     assert [group_limit(k, 100) for k in range(1, 3)] == [12, 1]
-    lanes, _ = lane(cap=4096)
+    assert group_limit(1, 8) == 1  # at a cap of 8 or less, alone from the first death
+    lanes = Lane(cap=4096, tail=True)
     for _ in range(600):
-        lanes.hold(item("server-0"))
-    taken = []
-    while (suspect := lanes.take("server-1")) is not None:
-        lanes.started("server-1", suspect)
-        taken.append(suspect)
-    assert len(taken) == 512 and not any(s.alone for s in taken)
-    assert lanes.take("server-2") is not None  # another server takes the rest
+        lanes.lane.hold(item("server-0"))
+    group = lanes.fill("server-1")
+    assert len(group) == 512 and {s.group for s in group} == {512}
+    assert len(lanes.fill("server-2")) == 88  # another server takes the rest
+
+
+def test_a_suspect_that_started_alone_keeps_its_server_to_itself_at_the_tail() -> None:
+    lanes = Lane(cap=4096)
+    alone = item("server-0")
+    lanes.lane.hold(alone)
+    counted = lanes.lane.started("server-1", lanes.lane.take("server-1") or item())
+    lanes.tail = True
+    lanes.lane.hold(item("server-0"))
+    assert lanes.fill("server-1") == []  # its next death must still implicate it alone
+    lanes.lane.ended("server-1", counted)
+    assert lanes.woken[-1] == "server-1"  # its worker is told there is room again
+    assert len(lanes.fill("server-1")) == 1
 
 
 def test_the_most_implicated_suspect_goes_first_and_keeps_its_group_small() -> None:
-    lanes, woken = lane(cap=64)  # groups of 8 after one death, 1 after two
+    lanes = Lane(cap=64, tail=True)  # groups of 8 after one death, 1 after two
     once, twice = [item("server-0") for _ in range(10)], item("server-0", "server-3")
     for suspect in [*once, twice]:
-        lanes.hold(suspect)
-    assert lanes.take("server-1") is twice
-    counted = lanes.started("server-1", twice)
-    assert twice.alone and lanes.take("server-1") is None  # nothing rides beside it
-    lanes.ended("server-1", counted)
-    assert woken[-1] == "server-1"  # its worker is told there is room again
-    group = []
-    while (taken := lanes.take("server-1")) is not None:
-        lanes.started("server-1", taken)
-        group.append(taken)
-    assert group == once[:8] and not any(s.alone for s in group)
+        lanes.lane.hold(suspect)
+    assert lanes.lane.take("server-1") is twice
+    counted = lanes.lane.started("server-1", twice)
+    assert twice.group == 1 and lanes.lane.take("server-1") is None  # none rides beside it
+    lanes.lane.ended("server-1", counted)
+    group = lanes.fill("server-1")
+    assert group == once[:8] and {s.group for s in group} == {8}
+
+
+def test_a_suspect_that_must_ride_alone_is_not_starved_by_smaller_suspicions() -> None:
+    """A suspect that must run alone waits for its server to empty; no less implicated one
+    may keep the server busy meanwhile (on the simulator, a killer waited 2 minutes while
+    once-implicated prompts kept both servers occupied)."""
+    lanes = Lane(cap=64, tail=True)
+    for _ in range(3):
+        lanes.lane.hold(item("server-0"))
+    first = lanes.fill("server-1")
+    assert len(first) == 3
+    killer = item("server-0", "server-2")
+    lanes.lane.hold(killer)
+    lanes.lane.hold(item("server-0"))
+    assert lanes.fill("server-1") == []  # the room is not filled past the killer
+    for suspect in first:
+        lanes.lane.ended("server-1", suspect.group)
+    assert lanes.fill("server-1") == [killer] and killer.group == 1
 
 
 def test_a_suspect_waits_for_a_server_it_did_not_kill(monkeypatch: pytest.MonkeyPatch) -> None:
-    lanes, _ = lane(cap=8)
+    lanes = Lane(cap=8)
     suspect = item("server-1")
-    lanes.hold(suspect)
-    assert lanes.take("server-1") is None
+    lanes.lane.hold(suspect)
+    assert lanes.lane.take("server-1") is None
     monkeypatch.setattr(suspects, "WAIT_FOR_ANOTHER_SERVER_S", 0.0)
-    assert lanes.take("server-1") is suspect  # no other server took it: it runs where it can
+    assert lanes.lane.take("server-1") is suspect  # no other server took it: it runs here
 
 
 def test_a_prompt_that_becomes_a_suspect_while_running_is_not_uncounted() -> None:
     """It was not counted when it started; its server's death makes it a suspect before it
     ends — the lane must not take away a count it never added."""
-    lanes, _ = lane(cap=8)
+    lanes = Lane(cap=8)
     running = item()
-    counted = lanes.started("server-1", running)
+    counted = lanes.lane.started("server-1", running)
     running.killed.append("server-1")
-    lanes.ended("server-1", counted)
-    lanes.hold(item("server-3"))
-    assert lanes.take("server-1") is not None
+    lanes.lane.ended("server-1", counted)
+    lanes.lane.hold(item("server-3"))
+    assert lanes.lane.take("server-1") is not None
 
 
 def test_two_deaths_quarantine_only_the_last_alone_and_the_reason_names_the_servers() -> None:
     suspect = item("server-0", "server-2")
     assert quarantined(item("server-0")) is None
+    suspect.group = 8
     assert quarantined(suspect) is None  # died among other suspects: not yet told apart
-    suspect.alone = True
+    suspect.group = 1
     reason = quarantined(suspect)
     assert reason is not None and reason.startswith("killed the server 2 times")
     assert "server-0, server-2" in reason
