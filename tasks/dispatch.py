@@ -43,7 +43,7 @@ from tasks.first_batch import FirstBatchWatch, FleetCannotServe
 from tasks.hand_back import InFlight
 from tasks.requests import Delivery, DispatchOptions, MalformedAnswer, output_row, unsendable
 from tasks.run_ends import FleetDown, RunEnd
-from tasks.suspects import SuspectLane, quarantined, server_died
+from tasks.suspects import DeathVerdicts, SuspectLane, quarantined
 
 __all__ = ["DispatchOptions", "DispatchStats", "Dispatcher", "Endpoint"]
 
@@ -67,11 +67,8 @@ class Dispatcher:
         self.drain_timeout_s = drain_timeout_s
         self.stats = DispatchStats()
         # prompts that were on a server when it died: held out of the queue, handed out by it
-        self._all_fed = False  # the feeder has queued the last shard
-        self._suspects = SuspectLane(
-            lambda name: next((e.limit for e in self.endpoints if e.name == name), 1),
-            lambda server: self._queue.wake(server),
-            lambda: self._all_fed and not self._queue.qsize())
+        self._suspects = SuspectLane(lambda server: self._queue.wake(server))
+        self._deaths = DeathVerdicts()  # one /health verdict per server death
         self._queue = AffinityQueue(opts.prefix_key_chars,
                                     lambda: [e.name for e in self._live()],
                                     primes=self._primes_prefixes, side=self._suspects.take)
@@ -150,7 +147,6 @@ class Dispatcher:
                     self._raise_if_failed()
                     await asyncio.sleep(0.02)
                 await feeder
-                self._all_fed = True
                 while self._shards and not self.stop.is_set():
                     self._raise_if_failed()
                     if self._fleet_down():
@@ -275,7 +271,7 @@ class Dispatcher:
             await self._record_error(item, refused)
             return
         path, body = self.opts.shapes.build(item.row, self.opts, item.sample)
-        started = time.monotonic()
+        started, life = time.monotonic(), self._generation.get(ep.name, 0)
         post = asyncio.ensure_future(self._post(ep, client, path, body))
         self._posting.track(ep.name, post)
         try:
@@ -292,11 +288,14 @@ class Dispatcher:
             await self._record_error(item, str(exc))
             return
         except TransientFailure as exc:
-            item.attempts += 1
+            # a refused connection reached no server: no try used (a fleet that refuses all
+            # is FleetDown); counted, a relaunch window ended innocent prompts as errors
+            item.attempts += 0 if exc.connect else 1
             item.last_error = str(exc)
             self.stats.retries += 1
             # a server stopped on purpose (retired) killed nothing
-            if exc.lost and ep.name not in self._retired and await server_died(client, ep.url):
+            if exc.lost and ep.name not in self._retired and await self._deaths.died(
+                    client, ep.name, ep.url, life):
                 item.killed.append(ep.name)
                 if not self._first.blames_rows(ep.name):  # a fleet that answered nothing
                     self._fatal = self._fatal or self._first.died(  # quarantines no row

@@ -38,7 +38,6 @@ class WorkItem:
     attempts: int = 0
     last_error: str = ""
     killed: list[str] = field(default_factory=list)  # servers that died while it ran on them
-    group: int = 0  # suspects its last run allowed on its server, itself included (1: alone)
 
 
 @dataclass

@@ -117,3 +117,21 @@ def test_connection_resets_are_retried(sim_fleet) -> None:
     eps = [Endpoint(f"s{h.index}", h.url, 4, "c") for h in handles]
     committed = run(eps, 4, opts())
     assert len(ids(committed)) == 40 and len(set(ids(committed))) == 40
+
+
+def test_a_refused_connection_uses_no_try(sim_fleet) -> None:
+    """A server that refuses connections (relaunching, or gone) never saw the prompt: with
+    one try a prompt, every prompt still ends answered by the server that serves. Counted
+    as tries, such refusals ended innocent prompts as "failed 5 times … cannot connect"
+    while a relaunch was under way (bench/suspect_lane.py)."""
+    import socket
+
+    (good,) = sim_fleet(1)
+    with socket.socket() as s:  # a port nobody listens on: connections are refused
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    committed = run([Endpoint("gone", f"http://127.0.0.1:{closed}", 8, "c"),
+                     Endpoint("server-0", good.url, 8, good.fingerprint)], 4,
+                    opts(max_attempts=1))
+    assert ids(committed) == sorted(f"{s}-{i}" for s in range(4) for i in range(10))
+    assert all(not errors for _, errors in committed.values())
