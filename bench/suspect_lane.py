@@ -74,15 +74,15 @@ def run(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
         errors = (pl.read_parquet(out / "errors" / "*.parquet")
                   if rows is not None and (out / "errors").is_dir() else None)
         reason = str(errors["error"][0]) if errors is not None and errors.height else ""
-        deaths = re.search(r"killed the server (\w+) times?", reason)
+        deaths = re.search(r"\(([^)]*) died while it ran", reason)  # the servers it killed
         return {"tree": str(tree), "exit": done.returncode, "wall_s": round(wall, 1),
                 "answered": rows.height if rows is not None else 0,
                 "unique": rows["id"].n_unique() if rows is not None else 0,
                 "error_rows": errors.height if errors is not None else 0,
                 "errors": (dict(zip(errors["id"].to_list(), errors["error"].to_list(),
                                     strict=True)) if errors is not None else {}),
-                "deaths_to_quarantine": deaths[1] if deaths else None,
-                "relaunches": len(re.findall(r"relaunch", done.stderr)) or None}
+                "deaths_to_quarantine": len(deaths[1].split(", ")) if deaths else None,
+                "relaunches": len(re.findall(r"restarted as relaunch", done.stderr))}
 
 
 def main() -> None:

@@ -23,17 +23,18 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-_latched: list[int] = []  # the signals received inside `latched_stop_signals`, in order
-_lock = threading.Lock()
+# The signals received inside `latched_stop_signals`, in order. No lock: only handlers (which
+# run in the main thread) and the scope's exit write it, and a handler that ran while the
+# main thread held a lock would wait on it forever.
+_latched: list[int] = []
 STOP_POLL_S = 0.25  # how soon a dropped stop signal is delivered again inside an event loop
 
 
 def _chained(previous: Any) -> Callable[[int, FrameType | None], None]:
     """A handler that latches the signal, then does what the handler it replaces did."""
     def handler(signum: int, frame: FrameType | None) -> None:
-        with _lock:
-            if signum not in _latched:
-                _latched.append(signum)
+        if signum not in _latched:
+            _latched.append(signum)
         if callable(previous):
             previous(signum, frame)
         elif previous == signal.SIG_DFL:  # the default action: restore it and let it act
@@ -59,14 +60,12 @@ def latched_stop_signals() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        with _lock:
-            _latched.clear()
+        _latched.clear()
 
 
 def stop_signalled() -> int | None:
     """The first stop signal received and not yet acted on, if any."""
-    with _lock:
-        return _latched[0] if _latched else None
+    return _latched[0] if _latched else None
 
 
 def deliver_pending_stop() -> None:

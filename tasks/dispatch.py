@@ -290,7 +290,8 @@ class Dispatcher:
         except TransientFailure as exc:
             # a refused connection reached no server: no try used (a fleet that refuses all
             # is FleetDown); counted, a relaunch window ended innocent prompts as errors
-            item.attempts += 0 if exc.connect else 1
+            if not exc.connect:
+                item.attempts += 1
             item.last_error = str(exc)
             self.stats.retries += 1
             # a server stopped on purpose (retired) killed nothing

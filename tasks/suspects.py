@@ -51,12 +51,14 @@ class SuspectLane:
         self._wake = wake
         self._waiting: dict[int, deque[tuple[float, WorkItem]]] = {}  # by kills, oldest first
         self._on: set[str] = set()  # servers running a suspect
-        self.waiting = 0
+
+    @property
+    def waiting(self) -> int:
+        return sum(map(len, self._waiting.values()))
 
     def hold(self, item: WorkItem) -> None:
         """A suspect to run again (new, or back after a failure)."""
         self._waiting.setdefault(len(item.killed), deque()).append((time.monotonic(), item))
-        self.waiting += 1
         self._wake(None)
 
     def take(self, server: str) -> WorkItem | None:
@@ -76,8 +78,7 @@ class SuspectLane:
             _, item = line[i]
             del line[i]
             if not line:
-                del self._waiting[kills]
-            self.waiting -= 1
+                del self._waiting[kills]  # (no empty line is kept: `if self._waiting` asks)
             return item
         return None
 
@@ -92,7 +93,7 @@ class SuspectLane:
     def ended(self, server: str, counted: bool) -> None:
         if counted:
             self._on.discard(server)
-            if self.waiting:
+            if self._waiting:
                 self._wake(server)  # room for the next suspect
 
 
